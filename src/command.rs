@@ -1,0 +1,230 @@
+//! The one module that runs external programs (`mkfs`, `blkid`, `lvm`, ...).
+//!
+//! Every program runs with `LC_ALL=C` (so its messages can be matched), without a
+//! shell (arguments are passed as a vector: no user input is ever interpreted),
+//! with a timeout, and is killed when its future is dropped, so a cancelled RPC
+//! never leaves a child running.
+
+use std::ffi::OsString;
+use std::fmt;
+use std::process::Stdio;
+use std::time::Duration;
+
+use tokio::process::Command;
+
+/// Default limit for one external command.
+pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(120);
+
+#[derive(Debug, thiserror::Error)]
+pub enum CommandError {
+    #[error("cannot run {program}: {source}")]
+    Spawn {
+        program: String,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("{program} did not finish within {}s and was killed", after.as_secs())]
+    Timeout { program: String, after: Duration },
+    #[error("{program} failed ({}): {}", exit_text(*code), stderr.trim())]
+    Failed {
+        program: String,
+        code: Option<i32>,
+        stdout: String,
+        stderr: String,
+    },
+}
+
+fn exit_text(code: Option<i32>) -> String {
+    match code {
+        Some(c) => format!("exit code {c}"),
+        None => "killed by a signal".into(),
+    }
+}
+
+impl CommandError {
+    pub fn is_timeout(&self) -> bool {
+        matches!(self, CommandError::Timeout { .. })
+    }
+    /// The program's stderr, for callers that classify failures.
+    pub fn stderr(&self) -> &str {
+        match self {
+            CommandError::Failed { stderr, .. } => stderr,
+            _ => "",
+        }
+    }
+    pub fn exit_code(&self) -> Option<i32> {
+        match self {
+            CommandError::Failed { code, .. } => *code,
+            _ => None,
+        }
+    }
+}
+
+/// Output of a command that exited 0.
+#[derive(Debug)]
+pub struct Output {
+    pub stdout: String,
+    pub stderr: String,
+}
+
+/// One invocation: program, arguments, extra environment and a timeout.
+pub struct Cmd {
+    program: String,
+    args: Vec<OsString>,
+    env: Vec<(String, OsString)>,
+    timeout: Duration,
+}
+
+impl fmt::Debug for Cmd {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}", self.program)?;
+        for a in &self.args {
+            write!(f, " {}", a.to_string_lossy())?;
+        }
+        Ok(())
+    }
+}
+
+impl Cmd {
+    pub fn new(program: &str) -> Self {
+        Cmd {
+            program: program.to_owned(),
+            args: Vec::new(),
+            env: Vec::new(),
+            timeout: DEFAULT_TIMEOUT,
+        }
+    }
+    pub fn arg(mut self, a: impl Into<OsString>) -> Self {
+        self.args.push(a.into());
+        self
+    }
+    pub fn args<I, A>(mut self, it: I) -> Self
+    where
+        I: IntoIterator<Item = A>,
+        A: Into<OsString>,
+    {
+        self.args.extend(it.into_iter().map(Into::into));
+        self
+    }
+    pub fn env(mut self, k: &str, v: impl Into<OsString>) -> Self {
+        self.env.push((k.to_owned(), v.into()));
+        self
+    }
+    pub fn timeout(mut self, t: Duration) -> Self {
+        self.timeout = t;
+        self
+    }
+
+    /// Runs the command; a non-zero exit is an error carrying stderr.
+    pub async fn run(self) -> Result<Output, CommandError> {
+        let mut cmd = Command::new(&self.program);
+        cmd.args(&self.args)
+            .env("LC_ALL", "C")
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .kill_on_drop(true);
+        for (k, v) in &self.env {
+            cmd.env(k, v);
+        }
+        tracing::debug!(command = ?self, "running");
+        let child = cmd.spawn().map_err(|source| CommandError::Spawn {
+            program: self.program.clone(),
+            source,
+        })?;
+        let out = match tokio::time::timeout(self.timeout, child.wait_with_output()).await {
+            Ok(r) => r.map_err(|source| CommandError::Spawn {
+                program: self.program.clone(),
+                source,
+            })?,
+            // Dropping the wait future drops the child, and kill_on_drop kills it.
+            Err(_) => {
+                return Err(CommandError::Timeout {
+                    program: self.program,
+                    after: self.timeout,
+                })
+            }
+        };
+        let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+        let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+        if out.status.success() {
+            Ok(Output { stdout, stderr })
+        } else {
+            Err(CommandError::Failed {
+                program: self.program,
+                code: out.status.code(),
+                stdout,
+                stderr,
+            })
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn captures_output_and_uses_c_locale() {
+        let out = Cmd::new("sh")
+            .args(["-c", "echo $LC_ALL"])
+            .run()
+            .await
+            .unwrap();
+        assert_eq!(out.stdout.trim(), "C");
+    }
+
+    #[tokio::test]
+    async fn arguments_are_not_interpreted_by_a_shell() {
+        let out = Cmd::new("echo").arg("$(id); rm -rf /").run().await.unwrap();
+        assert_eq!(out.stdout.trim(), "$(id); rm -rf /");
+    }
+
+    #[tokio::test]
+    async fn failure_carries_code_and_stderr() {
+        let err = Cmd::new("sh")
+            .args(["-c", "echo boom >&2; exit 3"])
+            .run()
+            .await
+            .unwrap_err();
+        assert_eq!(err.exit_code(), Some(3));
+        assert_eq!(err.stderr().trim(), "boom");
+        assert!(err.to_string().contains("exit code 3"), "{err}");
+    }
+
+    #[tokio::test]
+    async fn timeout_kills_the_child() {
+        let dir = tempfile::tempdir().unwrap();
+        let pidfile = dir.path().join("pid");
+        let script = format!("echo $$ > {}; exec sleep 30", pidfile.display());
+        let err = Cmd::new("sh")
+            .args(["-c", &script])
+            .timeout(Duration::from_millis(300))
+            .run()
+            .await
+            .unwrap_err();
+        assert!(err.is_timeout());
+        let pid: i32 = std::fs::read_to_string(&pidfile)
+            .unwrap()
+            .trim()
+            .parse()
+            .unwrap();
+        // The child was killed and reaped by tokio's orphan reaper; give it a moment.
+        let mut gone = false;
+        for _ in 0..50 {
+            let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+            if stat.is_empty() || stat.contains(") Z ") {
+                gone = true;
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        assert!(gone, "child {pid} still running after timeout");
+    }
+
+    #[tokio::test]
+    async fn missing_program_is_a_spawn_error() {
+        let err = Cmd::new("/nonexistent/prog").run().await.unwrap_err();
+        assert!(matches!(err, CommandError::Spawn { .. }));
+    }
+}

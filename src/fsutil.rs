@@ -1,0 +1,374 @@
+//! Careful filesystem primitives: atomic record writes, tree removal that never
+//! follows a symlink or crosses into another filesystem, request-path checks, and
+//! filesystem statistics. All functions here block: call them through
+//! [`crate::error::blocking`].
+
+use std::fs::{self, OpenOptions};
+use std::io::Write;
+use std::os::fd::{AsFd, OwnedFd};
+use std::os::unix::ffi::OsStrExt;
+use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use nix::dir::Dir;
+use nix::fcntl::{openat, renameat, OFlag, AT_FDCWD};
+use nix::sys::stat::{fstat, fstatat, Mode, SFlag};
+use nix::unistd::{unlinkat, UnlinkatFlags};
+
+use crate::error::{Error, IoContext, Result};
+use crate::ids::truncate;
+
+/// Longest path accepted from a request.
+pub const MAX_PATH_LEN: usize = 4096;
+
+static TMP_COUNTER: AtomicU64 = AtomicU64::new(0);
+
+/// Replaces `path` with `data` so that a crash leaves either the old or the new
+/// content: write a temp file beside it, fsync it, rename over, fsync the folder.
+pub fn write_atomic(path: &Path, data: &[u8]) -> Result<()> {
+    let dir = path
+        .parent()
+        .ok_or_else(|| Error::Internal(format!("{path:?} has no parent")))?;
+    let name = path
+        .file_name()
+        .and_then(|n| n.to_str())
+        .unwrap_or("record");
+    let n = TMP_COUNTER.fetch_add(1, Ordering::Relaxed);
+    let tmp = dir.join(format!(".{name}.tmp.{}.{n}", std::process::id()));
+    let res = (|| {
+        let mut f = OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(0o600)
+            .open(&tmp)
+            .ctx(|| format!("creating {tmp:?}"))?;
+        f.write_all(data).ctx(|| format!("writing {tmp:?}"))?;
+        f.sync_all().ctx(|| format!("syncing {tmp:?}"))?;
+        fs::rename(&tmp, path).ctx(|| format!("renaming {tmp:?} to {path:?}"))?;
+        sync_dir(dir)
+    })();
+    if res.is_err() {
+        let _ = fs::remove_file(&tmp);
+    }
+    res
+}
+
+/// Makes a rename, creation or removal inside `dir` durable.
+pub fn sync_dir(dir: &Path) -> Result<()> {
+    fs::File::open(dir)
+        .and_then(|d| d.sync_all())
+        .ctx(|| format!("syncing directory {dir:?}"))
+}
+
+/// Removes a file and makes the removal durable; a missing file is fine.
+pub fn remove_file_durable(path: &Path) -> Result<()> {
+    match fs::remove_file(path) {
+        Ok(()) => sync_dir(path.parent().unwrap_or(Path::new("/"))),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+        Err(e) => Err(Error::io(format!("removing {path:?}"), e)),
+    }
+}
+
+/// Creates `path` as a directory with exactly `mode` (umask does not apply);
+/// an existing directory is fine, anything else at the path is an error.
+pub fn ensure_dir(path: &Path, mode: u32) -> Result<()> {
+    match fs::create_dir(path) {
+        Ok(()) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
+            let md = fs::symlink_metadata(path).ctx(|| format!("inspecting {path:?}"))?;
+            if !md.is_dir() {
+                return Err(Error::FailedPrecondition(format!(
+                    "{path:?} exists and is not a directory"
+                )));
+            }
+            return Ok(());
+        }
+        Err(e) => return Err(Error::io(format!("creating directory {path:?}"), e)),
+    }
+    fs::set_permissions(path, fs::Permissions::from_mode(mode)).ctx(|| format!("chmod {path:?}"))
+}
+
+/// Depth after which [`clear_dir`] flattens a tree instead of descending, so a
+/// deeply nested tree needs neither deep recursion nor many open descriptors.
+const MAX_DEPTH: usize = 32;
+
+fn open_dir_at(parent: impl AsFd, name: &Path) -> Result<OwnedFd> {
+    openat(
+        parent,
+        name,
+        OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC,
+        Mode::empty(),
+    )
+    .ctx(|| format!("opening directory {name:?}"))
+}
+
+/// Removes everything inside `dir` but not `dir` itself. Never follows a symlink
+/// (symlinks are unlinked, not resolved), and refuses to descend into a
+/// directory on another filesystem (a mount point inside the tree).
+pub fn clear_dir(dir: &Path) -> Result<()> {
+    let top = open_dir_at(AT_FDCWD, dir)?;
+    let dev = fstat(&top).ctx(|| format!("stat {dir:?}"))?.st_dev;
+    // Flattening moves deep directories up into `top`; repeat until a pass finds
+    // `top` empty.
+    while !clear_fd(&top, &top, dev, 0).map_err(|e| annotate(e, dir))? {}
+    Ok(())
+}
+
+/// Removes `dir` and everything in it, with the guarantees of [`clear_dir`].
+pub fn remove_tree(dir: &Path) -> Result<()> {
+    match fs::symlink_metadata(dir) {
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+        Err(e) => return Err(Error::io(format!("inspecting {dir:?}"), e)),
+        Ok(md) if !md.is_dir() => {
+            return Err(Error::FailedPrecondition(format!(
+                "{dir:?} is not a directory; not removing it"
+            )))
+        }
+        Ok(_) => {}
+    }
+    clear_dir(dir)?;
+    fs::remove_dir(dir).ctx(|| format!("removing directory {dir:?}"))
+}
+
+fn annotate(e: Error, dir: &Path) -> Error {
+    match e {
+        Error::Io { context, source } => Error::Io {
+            context: format!("clearing {dir:?}: {context}"),
+            source,
+        },
+        other => other,
+    }
+}
+
+/// One pass over `fd`; returns whether the directory was empty.
+fn clear_fd(fd: &OwnedFd, top: &OwnedFd, dev: libc::dev_t, depth: usize) -> Result<bool> {
+    let mut names = Vec::new();
+    {
+        let dup = fd.try_clone().ctx(|| "dup directory fd".into())?;
+        let mut d = Dir::from_fd(dup).ctx(|| "reading directory".into())?;
+        // Each pass reads from the start.
+        for entry in d.iter() {
+            let entry = entry.ctx(|| "reading directory entry".into())?;
+            let name = entry.file_name().to_bytes();
+            if name != b"." && name != b".." {
+                names.push(PathBuf::from(std::ffi::OsStr::from_bytes(name)));
+            }
+        }
+    }
+    if names.is_empty() {
+        return Ok(true);
+    }
+    for name in names {
+        let st = match fstatat(fd, name.as_path(), nix::fcntl::AtFlags::AT_SYMLINK_NOFOLLOW) {
+            Ok(st) => st,
+            Err(nix::errno::Errno::ENOENT) => continue,
+            Err(e) => return Err(Error::io(format!("stat {name:?}"), e.into())),
+        };
+        if SFlag::from_bits_truncate(st.st_mode) & SFlag::S_IFMT == SFlag::S_IFDIR {
+            if st.st_dev != dev {
+                return Err(Error::FailedPrecondition(format!(
+                    "{name:?} is on another filesystem (a mount point); refusing to remove it"
+                )));
+            }
+            if depth >= MAX_DEPTH {
+                let n = TMP_COUNTER.fetch_add(1, Ordering::Relaxed);
+                let flat = PathBuf::from(format!(".localvol-flatten.{}.{n}", std::process::id()));
+                renameat(fd, name.as_path(), top, flat.as_path())
+                    .ctx(|| format!("flattening {name:?}"))?;
+                continue;
+            }
+            let child = open_dir_at(fd, &name)?;
+            if fstat(&child).ctx(|| format!("stat {name:?}"))?.st_dev != dev {
+                return Err(Error::FailedPrecondition(format!(
+                    "{name:?} is on another filesystem (a mount point); refusing to remove it"
+                )));
+            }
+            while !clear_fd(&child, top, dev, depth + 1)? {}
+            unlinkat(fd, name.as_path(), UnlinkatFlags::RemoveDir)
+                .ctx(|| format!("rmdir {name:?}"))?;
+        } else {
+            match unlinkat(fd, name.as_path(), UnlinkatFlags::NoRemoveDir) {
+                Ok(()) | Err(nix::errno::Errno::ENOENT) => {}
+                Err(e) => return Err(Error::io(format!("unlink {name:?}"), e.into())),
+            }
+        }
+    }
+    Ok(false)
+}
+
+/// Decodes a path from a request that must lie under `root` (kubelet's
+/// directory): absolute, no `.`/`..`, no NUL, and no symlink anywhere below
+/// `root`, so a mount can never land outside it. Components that do not exist
+/// yet are fine. (`root` itself may be a symlink: that is the operator's choice.)
+pub fn check_request_path(what: &str, root: &Path, p: &str) -> Result<PathBuf> {
+    if p.is_empty() {
+        return Err(Error::InvalidArgument(format!("{what} is required")));
+    }
+    if p.len() > MAX_PATH_LEN || p.contains('\0') {
+        return Err(Error::InvalidArgument(format!(
+            "{what} {:?} is too long or contains NUL",
+            truncate(p)
+        )));
+    }
+    let path = Path::new(p);
+    if !path.is_absolute() {
+        return Err(Error::InvalidArgument(format!(
+            "{what} {p:?} is not absolute"
+        )));
+    }
+    // Path::components() drops inner `.`, so look at the raw segments.
+    if p.split('/').any(|seg| seg == "." || seg == "..") {
+        return Err(Error::InvalidArgument(format!(
+            "{what} {p:?} contains '.' or '..'"
+        )));
+    }
+    let rest = match path.strip_prefix(root) {
+        Ok(rest) if !rest.as_os_str().is_empty() => rest,
+        _ => {
+            return Err(Error::InvalidArgument(format!(
+                "{what} {p:?} is not below the kubelet directory {root:?}"
+            )))
+        }
+    };
+    let mut cur = root.to_path_buf();
+    for comp in rest.components() {
+        cur.push(comp);
+        match fs::symlink_metadata(&cur) {
+            Ok(md) if md.file_type().is_symlink() => {
+                return Err(Error::InvalidArgument(format!(
+                    "{what} {p:?} goes through the symlink {cur:?}; symlinks are not followed"
+                )))
+            }
+            Ok(_) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => break,
+            Err(e) => return Err(Error::io(format!("inspecting {cur:?}"), e)),
+        }
+    }
+    Ok(path.to_path_buf())
+}
+
+/// Space and inode figures of the filesystem holding a path.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct FsStats {
+    pub total_bytes: u64,
+    /// Free for unprivileged users (what a pod can use).
+    pub available_bytes: u64,
+    pub used_bytes: u64,
+    pub total_inodes: u64,
+    pub free_inodes: u64,
+    pub used_inodes: u64,
+}
+
+pub fn fs_stats(path: &Path) -> Result<FsStats> {
+    let s = nix::sys::statvfs::statvfs(path).ctx(|| format!("statvfs {path:?}"))?;
+    let frag = s.fragment_size() as u64;
+    let total = s.blocks() as u64 * frag;
+    let free = s.blocks_free() as u64 * frag;
+    Ok(FsStats {
+        total_bytes: total,
+        available_bytes: s.blocks_available() as u64 * frag,
+        used_bytes: total.saturating_sub(free),
+        total_inodes: s.files() as u64,
+        free_inodes: s.files_free() as u64,
+        used_inodes: (s.files() as u64).saturating_sub(s.files_free() as u64),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::unix::fs::symlink;
+
+    #[test]
+    fn atomic_write_replaces_and_leaves_no_temp() {
+        let d = tempfile::tempdir().unwrap();
+        let p = d.path().join("rec.json");
+        write_atomic(&p, b"one").unwrap();
+        write_atomic(&p, b"two").unwrap();
+        assert_eq!(fs::read(&p).unwrap(), b"two");
+        let names: Vec<_> = fs::read_dir(d.path())
+            .unwrap()
+            .map(|e| e.unwrap().file_name())
+            .collect();
+        assert_eq!(names.len(), 1, "{names:?}");
+        assert_eq!(
+            fs::metadata(&p).unwrap().permissions().mode() & 0o777,
+            0o600
+        );
+    }
+
+    #[test]
+    fn remove_tree_does_not_follow_symlinks_out() {
+        let outside = tempfile::tempdir().unwrap();
+        fs::write(outside.path().join("precious"), b"keep").unwrap();
+        fs::create_dir(outside.path().join("sub")).unwrap();
+        fs::write(outside.path().join("sub/also"), b"keep").unwrap();
+
+        let d = tempfile::tempdir().unwrap();
+        let vol = d.path().join("vol");
+        fs::create_dir_all(vol.join("a/b")).unwrap();
+        fs::write(vol.join("a/b/f"), b"x").unwrap();
+        symlink(outside.path(), vol.join("link-dir")).unwrap();
+        symlink(outside.path().join("precious"), vol.join("a/link-file")).unwrap();
+        symlink("/nonexistent", vol.join("dangling")).unwrap();
+
+        remove_tree(&vol).unwrap();
+        assert!(!vol.exists());
+        assert_eq!(fs::read(outside.path().join("precious")).unwrap(), b"keep");
+        assert_eq!(fs::read(outside.path().join("sub/also")).unwrap(), b"keep");
+    }
+
+    #[test]
+    fn clear_dir_handles_deep_trees_and_keeps_the_top() {
+        let d = tempfile::tempdir().unwrap();
+        let top = d.path().join("top");
+        let mut p = top.clone();
+        for i in 0..200 {
+            p.push(format!("d{i}"));
+        }
+        fs::create_dir_all(&p).unwrap();
+        fs::write(p.join("leaf"), b"x").unwrap();
+        clear_dir(&top).unwrap();
+        assert!(top.is_dir());
+        assert_eq!(fs::read_dir(&top).unwrap().count(), 0);
+    }
+
+    #[test]
+    fn remove_tree_of_missing_dir_is_ok() {
+        let d = tempfile::tempdir().unwrap();
+        remove_tree(&d.path().join("nope")).unwrap();
+    }
+
+    #[test]
+    fn request_paths_are_checked() {
+        let d = tempfile::tempdir().unwrap();
+        let root = d.path();
+        let outside = tempfile::tempdir().unwrap();
+        symlink(outside.path(), root.join("evil")).unwrap();
+        fs::create_dir(root.join("pods")).unwrap();
+        let ok = format!("{}/pods/x/mount", root.display());
+        assert_eq!(
+            check_request_path("target path", root, &ok).unwrap(),
+            PathBuf::from(&ok)
+        );
+        for bad in [
+            String::new(),
+            "relative/path".into(),
+            "/etc/passwd".into(),
+            format!("{}/pods/../../etc", root.display()),
+            format!("{}/./pods", root.display()),
+            format!("{}/evil/mount", root.display()),
+            format!("{}/evil", root.display()),
+            format!("{}/pods/a\0b", root.display()),
+            root.display().to_string(),
+            format!("{}/{}", root.display(), "x".repeat(5000)),
+        ] {
+            let r = check_request_path("target path", root, &bad);
+            assert!(
+                matches!(r, Err(Error::InvalidArgument(_))),
+                "{bad:?}: {r:?}"
+            );
+        }
+    }
+}

@@ -1,0 +1,277 @@
+//! Typed identifiers decoded at the RPC boundary.
+//!
+//! Nothing builds a path from request input before it has become one of these
+//! types: a [`VolumeId`] can only hold a validated pool name and a fixed-width hex
+//! key, so it can never contain `/`, `..` or NUL.
+
+use std::fmt;
+
+use sha2::{Digest, Sha256};
+
+use crate::error::{Error, Result};
+
+/// The longest id, name or path component the driver accepts (the CSI spec's
+/// recommended bound for strings is 128 bytes).
+pub const MAX_ID_LEN: usize = 128;
+
+/// Hex digits in the key part of a volume id (128 bits of SHA-256).
+const KEY_HEX_LEN: usize = 32;
+
+/// A pool name from the config or a StorageClass parameter: a DNS-label-like
+/// string (`[a-z0-9]([a-z0-9-]*[a-z0-9])?`, at most 32 bytes).
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, serde::Serialize)]
+#[serde(transparent)]
+pub struct PoolName(String);
+
+impl PoolName {
+    pub fn parse(s: &str) -> Result<Self> {
+        let ok = !s.is_empty()
+            && s.len() <= 32
+            && s.bytes()
+                .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+            && !s.starts_with('-')
+            && !s.ends_with('-');
+        if ok {
+            Ok(Self(s.to_owned()))
+        } else {
+            Err(Error::InvalidArgument(format!(
+                "invalid pool name {:?}: use 1-32 lowercase letters, digits and '-', \
+                 starting and ending with a letter or digit",
+                truncate(s)
+            )))
+        }
+    }
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+impl fmt::Display for PoolName {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl<'de> serde::Deserialize<'de> for PoolName {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> std::result::Result<Self, D::Error> {
+        let s = String::deserialize(d)?;
+        PoolName::parse(&s).map_err(serde::de::Error::custom)
+    }
+}
+
+/// The CO-chosen name of a volume (CreateVolume `name`).
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct VolumeName(String);
+
+impl VolumeName {
+    pub fn parse(s: &str) -> Result<Self> {
+        check_text("name", s)?;
+        Ok(Self(s.to_owned()))
+    }
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+    /// The hex key every volume with this name gets, in whichever pool: it is also
+    /// the key of the per-volume lock, so two requests for one name never run at once.
+    pub fn key(&self) -> VolumeKey {
+        let digest = Sha256::digest(format!("localvol-volume\0{}", self.0).as_bytes());
+        let mut hex = String::with_capacity(KEY_HEX_LEN);
+        for b in &digest[..KEY_HEX_LEN / 2] {
+            hex.push_str(&format!("{b:02x}"));
+        }
+        VolumeKey(hex)
+    }
+}
+
+/// The fixed-width hex part of a volume id; safe to use as a file name.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct VolumeKey(String);
+
+impl VolumeKey {
+    pub fn parse(s: &str) -> Option<Self> {
+        (s.len() == KEY_HEX_LEN && s.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f')))
+            .then(|| Self(s.to_owned()))
+    }
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+impl fmt::Display for VolumeKey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+/// A dynamic volume's id: `<pool>.<key>`. It carries the pool, so the node finds
+/// the volume without any lookup table, and the key, derived from the name.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct VolumeId {
+    pub pool: PoolName,
+    pub key: VolumeKey,
+}
+
+/// What an id string from a request turned out to be.
+#[derive(Debug)]
+pub enum ParsedId {
+    /// One of ours (the volume may or may not exist).
+    Volume(VolumeId),
+    /// A harmless string that is not in our format: no such volume can exist.
+    Foreign(String),
+}
+
+impl VolumeId {
+    pub fn new(pool: PoolName, name: &VolumeName) -> Self {
+        Self {
+            pool,
+            key: name.key(),
+        }
+    }
+
+    /// Decodes an id from a request. Dangerous or malformed input (empty, too
+    /// long, NUL, control characters, `/`, `..`) is INVALID_ARGUMENT; a clean
+    /// string that is not our format is `Foreign`, which callers treat as "no such
+    /// volume".
+    pub fn parse(what: &str, s: &str) -> Result<ParsedId> {
+        check_text(what, s)?;
+        if s.contains('/') || s.contains("..") {
+            return Err(Error::InvalidArgument(format!(
+                "{what} {:?} contains '/' or '..'",
+                truncate(s)
+            )));
+        }
+        let parsed = s.rsplit_once('.').and_then(|(pool, key)| {
+            Some(VolumeId {
+                pool: PoolName::parse(pool).ok()?,
+                key: VolumeKey::parse(key)?,
+            })
+        });
+        Ok(match parsed {
+            Some(id) => ParsedId::Volume(id),
+            None => ParsedId::Foreign(s.to_owned()),
+        })
+    }
+}
+
+impl fmt::Display for VolumeId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}.{}", self.pool, self.key)
+    }
+}
+
+/// A node id: printable, no whitespace, at most [`MAX_ID_LEN`] bytes.
+pub fn check_node_id(s: &str) -> Result<()> {
+    check_text("node id", s)?;
+    if s.chars().any(char::is_whitespace) {
+        return Err(Error::InvalidArgument(format!(
+            "node id {s:?} contains whitespace"
+        )));
+    }
+    Ok(())
+}
+
+/// Common checks for every string field that names something.
+pub fn check_text(what: &str, s: &str) -> Result<()> {
+    if s.is_empty() {
+        return Err(Error::InvalidArgument(format!("{what} is required")));
+    }
+    if s.len() > MAX_ID_LEN {
+        return Err(Error::InvalidArgument(format!(
+            "{what} is {} bytes long; the limit is {MAX_ID_LEN}",
+            s.len()
+        )));
+    }
+    if s.chars().any(char::is_control) {
+        return Err(Error::InvalidArgument(format!(
+            "{what} {:?} contains NUL or control characters",
+            truncate(s)
+        )));
+    }
+    Ok(())
+}
+
+/// Shortens untrusted input before it goes into an error message.
+pub fn truncate(s: &str) -> String {
+    if s.len() <= 64 {
+        return s.to_owned();
+    }
+    let mut end = 64;
+    while !s.is_char_boundary(end) {
+        end -= 1;
+    }
+    format!("{}...", &s[..end])
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn id_round_trips_and_is_deterministic() {
+        let pool = PoolName::parse("fast-1").unwrap();
+        let name = VolumeName::parse("pvc-0b0e4e2e").unwrap();
+        let id = VolumeId::new(pool.clone(), &name);
+        assert_eq!(id, VolumeId::new(pool, &name));
+        let s = id.to_string();
+        assert!(s.starts_with("fast-1.") && s.len() == 7 + 32, "{s}");
+        match VolumeId::parse("volume id", &s).unwrap() {
+            ParsedId::Volume(back) => assert_eq!(back, id),
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn names_in_different_pools_share_a_key() {
+        let name = VolumeName::parse("a").unwrap();
+        let a = VolumeId::new(PoolName::parse("one").unwrap(), &name);
+        let b = VolumeId::new(PoolName::parse("two").unwrap(), &name);
+        assert_eq!(a.key, b.key);
+        assert_ne!(a, b);
+    }
+
+    #[test]
+    fn dangerous_ids_are_invalid_argument() {
+        let long = "a".repeat(MAX_ID_LEN + 1);
+        for bad in [
+            "",
+            "../etc",
+            "a/b",
+            "x\0y",
+            "tab\there",
+            long.as_str(),
+            "pool....",
+        ] {
+            assert!(
+                matches!(
+                    VolumeId::parse("volume id", bad),
+                    Err(Error::InvalidArgument(_))
+                ),
+                "{bad:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn clean_foreign_ids_are_not_errors() {
+        for s in [
+            "reallyfakevolumeid",
+            "pool.notHex",
+            "UPPER.0123456789abcdef0123456789abcdef",
+        ] {
+            assert!(
+                matches!(VolumeId::parse("volume id", s), Ok(ParsedId::Foreign(_))),
+                "{s}"
+            );
+        }
+    }
+
+    #[test]
+    fn pool_names() {
+        for good in ["a", "dir-1", "x9"] {
+            PoolName::parse(good).unwrap();
+        }
+        for bad in ["", "-a", "a-", "A", "a.b", "a_b", &"a".repeat(33)] {
+            assert!(PoolName::parse(bad).is_err(), "{bad}");
+        }
+    }
+}

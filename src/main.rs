@@ -1,0 +1,117 @@
+//! `localvol`: the CSI driver, a CSI client and a benchmark, as subcommands.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand, ValueEnum};
+use localvol::config::Config;
+use localvol::endpoint::Endpoint;
+use localvol::server::{self, ServeOptions, DEFAULT_DRIVER_NAME};
+
+#[derive(Parser)]
+#[command(
+    name = "localvol",
+    version,
+    about = "Kubernetes CSI driver for node-local storage"
+)]
+struct Cli {
+    /// Log format.
+    #[arg(long, global = true, value_enum, default_value = "text")]
+    log_format: LogFormat,
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Clone, Copy, ValueEnum)]
+enum LogFormat {
+    Text,
+    Json,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Run the CSI driver (Identity, Controller and Node services).
+    Serve(ServeArgs),
+}
+
+#[derive(clap::Args)]
+struct ServeArgs {
+    /// Where to listen: unix:///path/csi.sock, or tcp://host:port for debugging.
+    #[arg(
+        long,
+        env = "CSI_ENDPOINT",
+        default_value = "unix:///run/localvol/csi.sock"
+    )]
+    endpoint: Endpoint,
+    /// This node's id (the topology value volumes are pinned to). Default: hostname.
+    #[arg(long, env = "NODE_NAME")]
+    node_id: Option<String>,
+    /// YAML config listing the pools. Without it: one directory pool under --data-dir.
+    #[arg(long)]
+    config: Option<PathBuf>,
+    /// Folder for the embedded default pool (used only without --config).
+    #[arg(long, default_value = "/var/lib/localvol")]
+    data_dir: PathBuf,
+    /// CSI driver name.
+    #[arg(long, default_value = DEFAULT_DRIVER_NAME)]
+    driver_name: String,
+    /// kubelet's root directory; staging and target paths must lie below it.
+    #[arg(long, default_value = "/var/lib/kubelet")]
+    kubelet_dir: PathBuf,
+    /// Group allowed to use the socket (mode 0660 instead of 0600).
+    #[arg(long)]
+    socket_group: Option<String>,
+}
+
+fn init_logging(format: LogFormat) {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
+    match format {
+        LogFormat::Text => builder.init(),
+        LogFormat::Json => builder.json().init(),
+    }
+}
+
+async fn serve(args: ServeArgs) -> Result<(), String> {
+    let config = match &args.config {
+        Some(p) => Config::load(p).map_err(|e| e.to_string())?,
+        None => Config::embedded(&args.data_dir),
+    };
+    let node_id = match args.node_id {
+        Some(n) => n,
+        None => nix::unistd::gethostname()
+            .map_err(|e| format!("reading hostname: {e}"))?
+            .to_string_lossy()
+            .into_owned(),
+    };
+    let opts = ServeOptions {
+        endpoint: args.endpoint,
+        node_id,
+        driver_name: args.driver_name,
+        config,
+        kubelet_dir: args.kubelet_dir,
+        socket_group: args.socket_group,
+    };
+    server::serve(opts, server::shutdown_signal())
+        .await
+        .map_err(|e| e.to_string())
+}
+
+#[tokio::main]
+async fn main() -> ExitCode {
+    let cli = Cli::parse();
+    init_logging(cli.log_format);
+    let res = match cli.command {
+        Command::Serve(a) => serve(a).await,
+    };
+    match res {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("localvol: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}

@@ -1,0 +1,201 @@
+//! Storage pools: where volumes come from. The services see only the [`Pool`]
+//! trait; each backend (`dir`, later `lvm`) keeps its own ground truth on the node
+//! and never sees a proto type.
+
+use std::collections::{BTreeMap, HashMap};
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use async_trait::async_trait;
+use serde::{Deserialize, Serialize};
+
+use crate::config::{Config, PoolConfig};
+use crate::error::{Error, Result};
+use crate::ids::{PoolName, VolumeId, VolumeName};
+
+pub mod dir;
+
+/// How a volume is consumed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum AccessType {
+    /// A mounted filesystem.
+    Mount,
+    /// A raw block device.
+    Block,
+}
+
+/// The access modes a node-local volume can offer (all single-node).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum AccessMode {
+    SingleNodeWriter,
+    SingleNodeReaderOnly,
+    SingleNodeSingleWriter,
+    SingleNodeMultiWriter,
+}
+
+impl AccessMode {
+    pub fn read_only(self) -> bool {
+        matches!(self, AccessMode::SingleNodeReaderOnly)
+    }
+}
+
+/// Requested size bounds; 0 means "not set".
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct CapacityRange {
+    pub required: u64,
+    pub limit: u64,
+}
+
+impl CapacityRange {
+    pub fn admits(&self, size: u64) -> bool {
+        size >= self.required && (self.limit == 0 || size <= self.limit)
+    }
+}
+
+/// Everything a backend needs to create a volume, already validated.
+#[derive(Clone, Debug)]
+pub struct CreateRequest {
+    pub id: VolumeId,
+    pub name: VolumeName,
+    pub range: CapacityRange,
+    pub access_type: AccessType,
+    /// StorageClass parameters the driver understood (kept in the record).
+    pub parameters: BTreeMap<String, String>,
+}
+
+/// A volume as its backend records it. For dir pools this is exactly the JSON
+/// record on disk.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Volume {
+    pub version: u32,
+    pub id: String,
+    pub name: String,
+    pub pool: String,
+    pub size_bytes: u64,
+    pub access_type: AccessType,
+    pub created_unix: u64,
+    #[serde(default)]
+    pub parameters: BTreeMap<String, String>,
+}
+
+/// What a pool can hand out right now.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Capacity {
+    /// Bytes still available for new volumes.
+    pub available_bytes: u64,
+    /// The largest single volume that can be created now.
+    pub maximum_volume_size: u64,
+}
+
+/// Result of an expansion.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Expanded {
+    pub size_bytes: u64,
+    pub node_expansion_required: bool,
+}
+
+/// Where a volume's data is on this node.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Source {
+    /// A directory to bind-mount.
+    Directory(PathBuf),
+}
+
+/// Usage of one volume when the backend knows it better than statvfs does.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Usage {
+    pub total_bytes: u64,
+    pub used_bytes: u64,
+    pub available_bytes: u64,
+    pub total_inodes: u64,
+    pub used_inodes: u64,
+    pub free_inodes: u64,
+}
+
+#[async_trait]
+pub trait Pool: Send + Sync {
+    fn name(&self) -> &PoolName;
+    /// Short backend name for logs and `client capacity` (`dir`, `lvm`).
+    fn backend(&self) -> &'static str;
+    fn supports(&self, access: AccessType) -> bool;
+    /// Ready to serve (used by Probe).
+    async fn check(&self) -> Result<()>;
+    /// Creates the volume, or returns it when an identical request already did.
+    /// ALREADY_EXISTS when a volume with this id exists but does not match.
+    async fn create(&self, req: &CreateRequest) -> Result<Volume>;
+    /// Deletes the volume; a volume that does not exist is not an error.
+    async fn delete(&self, id: &VolumeId) -> Result<()>;
+    async fn expand(&self, id: &VolumeId, range: CapacityRange) -> Result<Expanded>;
+    async fn get(&self, id: &VolumeId) -> Result<Option<Volume>>;
+    async fn list(&self) -> Result<Vec<Volume>>;
+    async fn capacity(&self) -> Result<Capacity>;
+    /// Where the data of a volume of this pool lives on the node.
+    fn source(&self, vol: &Volume) -> Result<Source>;
+    /// The volume's own usage figures, when the backend enforces a size.
+    async fn usage(&self, _vol: &Volume) -> Result<Option<Usage>> {
+        Ok(None)
+    }
+}
+
+/// The pools of this node, by name.
+pub struct Pools {
+    pools: HashMap<PoolName, Arc<dyn Pool>>,
+    order: Vec<PoolName>,
+    default: PoolName,
+}
+
+impl Pools {
+    /// Opens every configured pool; a pool that cannot be opened stops start-up
+    /// with a message naming it.
+    pub async fn open(cfg: &Config) -> Result<Self> {
+        let mut pools: HashMap<PoolName, Arc<dyn Pool>> = HashMap::new();
+        let mut order = Vec::new();
+        for pc in &cfg.pools {
+            let pool: Arc<dyn Pool> = match pc {
+                PoolConfig::Dir(d) => Arc::new(dir::DirPool::open(d.clone()).await?),
+            };
+            tracing::info!(pool = %pc.name(), backend = pool.backend(), "pool opened");
+            order.push(pc.name().clone());
+            pools.insert(pc.name().clone(), pool);
+        }
+        Ok(Pools {
+            pools,
+            order,
+            default: cfg.default_pool().clone(),
+        })
+    }
+
+    pub fn get(&self, name: &PoolName) -> Option<&Arc<dyn Pool>> {
+        self.pools.get(name)
+    }
+
+    /// The pool named by a request, or NOT_FOUND-style INVALID_ARGUMENT.
+    pub fn require(&self, name: &PoolName) -> Result<&Arc<dyn Pool>> {
+        self.get(name).ok_or_else(|| {
+            Error::InvalidArgument(format!(
+                "pool {name} does not exist on this node (pools: {})",
+                self.names()
+            ))
+        })
+    }
+
+    pub fn default_pool(&self) -> &PoolName {
+        &self.default
+    }
+
+    /// Pools in config order.
+    pub fn iter(&self) -> impl Iterator<Item = &Arc<dyn Pool>> {
+        self.order.iter().map(|n| &self.pools[n])
+    }
+
+    fn names(&self) -> String {
+        self.order
+            .iter()
+            .map(|n| n.as_str())
+            .collect::<Vec<_>>()
+            .join(", ")
+    }
+}

@@ -1,0 +1,139 @@
+//! Builds the driver from its options and serves the three CSI services. Used by
+//! `localvol serve` and by tests alike.
+
+use std::future::Future;
+use std::os::unix::fs::{FileTypeExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use tokio_stream::wrappers::{TcpListenerStream, UnixListenerStream};
+use tonic::transport::Server;
+
+use crate::config::Config;
+use crate::csi::{
+    controller_server::ControllerServer, identity_server::IdentityServer, node_server::NodeServer,
+};
+use crate::endpoint::Endpoint;
+use crate::error::{Error, IoContext, Result};
+use crate::ids::check_node_id;
+use crate::locks::VolumeLocks;
+use crate::pool::Pools;
+use crate::service::{
+    controller::ControllerService, identity::IdentityService, node::NodeService, Driver,
+};
+
+pub const DEFAULT_DRIVER_NAME: &str = "localvol.csi.dev";
+
+#[derive(Clone, Debug)]
+pub struct ServeOptions {
+    pub endpoint: Endpoint,
+    pub node_id: String,
+    pub driver_name: String,
+    pub config: Config,
+    pub kubelet_dir: PathBuf,
+    /// Group that may use the socket (mode 0660); without it the socket is 0600.
+    pub socket_group: Option<String>,
+}
+
+/// Opens the pools and assembles the shared driver state.
+pub async fn build_driver(opts: &ServeOptions) -> Result<Arc<Driver>> {
+    check_node_id(&opts.node_id)?;
+    if !opts.kubelet_dir.is_absolute() {
+        return Err(Error::InvalidArgument(format!(
+            "kubelet dir {:?} must be absolute",
+            opts.kubelet_dir
+        )));
+    }
+    let pools = Pools::open(&opts.config).await?;
+    Ok(Arc::new(Driver {
+        name: opts.driver_name.clone(),
+        version: env!("CARGO_PKG_VERSION").to_owned(),
+        node_id: opts.node_id.clone(),
+        pools,
+        locks: VolumeLocks::default(),
+        kubelet_dir: opts.kubelet_dir.clone(),
+        max_volumes_per_node: opts.config.max_volumes_per_node,
+    }))
+}
+
+/// Serves until `shutdown` resolves, then removes the socket.
+pub async fn serve(opts: ServeOptions, shutdown: impl Future<Output = ()> + Send) -> Result<()> {
+    let driver = build_driver(&opts).await?;
+    let router = Server::builder()
+        .add_service(IdentityServer::new(IdentityService::new(driver.clone())))
+        .add_service(ControllerServer::new(ControllerService::new(
+            driver.clone(),
+        )))
+        .add_service(NodeServer::new(NodeService::new(driver)));
+    match &opts.endpoint {
+        Endpoint::Unix(path) => {
+            let listener = bind_unix(path, opts.socket_group.as_deref())?;
+            tracing::info!(endpoint = %opts.endpoint, node = %opts.node_id, "serving CSI");
+            let res = router
+                .serve_with_incoming_shutdown(UnixListenerStream::new(listener), shutdown)
+                .await;
+            let _ = std::fs::remove_file(path);
+            res.map_err(|e| Error::Internal(format!("gRPC server: {e}")))
+        }
+        Endpoint::Tcp(addr) => {
+            let listener = tokio::net::TcpListener::bind(addr)
+                .await
+                .ctx(|| format!("binding {addr}"))?;
+            tracing::info!(endpoint = %opts.endpoint, node = %opts.node_id, "serving CSI (tcp, for debugging)");
+            router
+                .serve_with_incoming_shutdown(TcpListenerStream::new(listener), shutdown)
+                .await
+                .map_err(|e| Error::Internal(format!("gRPC server: {e}")))
+        }
+    }
+}
+
+/// Binds the CSI socket: a stale socket is replaced, any other file is not; the
+/// socket never exists with looser permissions than 0600 (0660 with a group).
+fn bind_unix(path: &Path, group: Option<&str>) -> Result<tokio::net::UnixListener> {
+    match std::fs::symlink_metadata(path) {
+        Ok(md) if md.file_type().is_socket() => {
+            std::fs::remove_file(path).ctx(|| format!("removing stale socket {path:?}"))?;
+        }
+        Ok(_) => {
+            return Err(Error::FailedPrecondition(format!(
+                "{path:?} exists and is not a socket; refusing to replace it"
+            )))
+        }
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        Err(e) => return Err(Error::io(format!("inspecting {path:?}"), e)),
+    }
+    if let Some(parent) = path.parent() {
+        std::fs::create_dir_all(parent).ctx(|| format!("creating {parent:?}"))?;
+    }
+    let gid = group
+        .map(|g| {
+            nix::unistd::Group::from_name(g)
+                .ctx(|| format!("looking up group {g}"))?
+                .map(|g| g.gid)
+                .ok_or_else(|| Error::InvalidArgument(format!("socket group {g} does not exist")))
+        })
+        .transpose()?;
+    // umask is process-wide, so the window is kept to the bind call itself.
+    let old = nix::sys::stat::umask(nix::sys::stat::Mode::from_bits_truncate(0o177));
+    let bound = tokio::net::UnixListener::bind(path);
+    nix::sys::stat::umask(old);
+    let listener = bound.ctx(|| format!("binding {path:?}"))?;
+    if let Some(gid) = gid {
+        nix::unistd::chown(path, None, Some(gid)).ctx(|| format!("chown {path:?}"))?;
+        std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o660))
+            .ctx(|| format!("chmod {path:?}"))?;
+    }
+    Ok(listener)
+}
+
+/// Resolves on SIGTERM or SIGINT.
+pub async fn shutdown_signal() {
+    use tokio::signal::unix::{signal, SignalKind};
+    let mut term = signal(SignalKind::terminate()).expect("installing SIGTERM handler");
+    let mut int = signal(SignalKind::interrupt()).expect("installing SIGINT handler");
+    tokio::select! {
+        _ = term.recv() => tracing::info!("SIGTERM: shutting down"),
+        _ = int.recv() => tracing::info!("SIGINT: shutting down"),
+    }
+}

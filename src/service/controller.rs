@@ -1,0 +1,407 @@
+//! CSI Controller service. With external-provisioner in `--node-deployment`
+//! mode it runs on every node and only creates volumes for its own node.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use tonic::{Request, Response, Status};
+
+use super::{bytes, decode_capabilities, decode_params, rpc, to_i64, Capability, Driver};
+use crate::csi;
+use crate::csi::controller_service_capability::{rpc::Type as RpcType, Rpc, Type as CapType};
+use crate::error::{Error, Result};
+use crate::ids::{truncate, ParsedId, VolumeId, VolumeName};
+use crate::pool::{AccessType, CapacityRange, CreateRequest, Pool, Volume};
+
+pub struct ControllerService {
+    driver: Arc<Driver>,
+}
+
+impl ControllerService {
+    pub fn new(driver: Arc<Driver>) -> Self {
+        Self { driver }
+    }
+
+    fn to_csi(&self, v: &Volume) -> csi::Volume {
+        csi::Volume {
+            capacity_bytes: to_i64(v.size_bytes),
+            volume_id: v.id.clone(),
+            volume_context: HashMap::new(),
+            content_source: None,
+            accessible_topology: vec![self.driver.topology()],
+        }
+    }
+
+    /// A node creates a volume only when the request's topology includes it.
+    fn check_topology(&self, req: Option<&csi::TopologyRequirement>) -> Result<()> {
+        let Some(t) = req else { return Ok(()) };
+        if t.requisite.is_empty() && t.preferred.is_empty() {
+            return Ok(());
+        }
+        if t.requisite
+            .iter()
+            .chain(&t.preferred)
+            .any(|seg| self.driver.is_this_node(seg))
+        {
+            return Ok(());
+        }
+        Err(Error::ResourceExhausted(format!(
+            "node {} is not in the requested topology; volumes of this driver can only be created on the node that serves the request",
+            self.driver.node_id
+        )))
+    }
+}
+
+fn decode_range(r: Option<&csi::CapacityRange>) -> Result<CapacityRange> {
+    let Some(r) = r else {
+        return Ok(CapacityRange::default());
+    };
+    let range = CapacityRange {
+        required: bytes("capacity_range.required_bytes", r.required_bytes)?,
+        limit: bytes("capacity_range.limit_bytes", r.limit_bytes)?,
+    };
+    if range.limit > 0 && range.required > range.limit {
+        return Err(Error::InvalidArgument(format!(
+            "capacity_range: required_bytes {} is larger than limit_bytes {}",
+            range.required, range.limit
+        )));
+    }
+    Ok(range)
+}
+
+/// One access type for the whole request, supported by the pool.
+fn access_type_of(caps: &[Capability], pool: &dyn Pool) -> Result<AccessType> {
+    let t = caps[0].access_type;
+    if caps.iter().any(|c| c.access_type != t) {
+        return Err(Error::InvalidArgument(
+            "volume_capabilities mix block and mount access".into(),
+        ));
+    }
+    if !pool.supports(t) {
+        return Err(Error::InvalidArgument(format!(
+            "pool {} ({}) does not support {t:?} access",
+            pool.name(),
+            pool.backend()
+        )));
+    }
+    Ok(t)
+}
+
+#[tonic::async_trait]
+impl csi::controller_server::Controller for ControllerService {
+    async fn create_volume(
+        &self,
+        req: Request<csi::CreateVolumeRequest>,
+    ) -> Result<Response<csi::CreateVolumeResponse>, Status> {
+        let req = req.into_inner();
+        rpc("CreateVolume", &req.name, async {
+            let name = VolumeName::parse(&req.name)?;
+            let caps = decode_capabilities(&req.volume_capabilities)?;
+            let range = decode_range(req.capacity_range.as_ref())?;
+            let params = decode_params(&req.parameters)?;
+            if req.volume_content_source.is_some() {
+                return Err(Error::InvalidArgument(
+                    "volume_content_source (snapshots, clones) is not supported by this driver's pools".into(),
+                ));
+            }
+            if !req.mutable_parameters.is_empty() {
+                return Err(Error::InvalidArgument("mutable_parameters are not supported".into()));
+            }
+            let d = &self.driver;
+            let pool_name = params.pool.clone().unwrap_or_else(|| d.pools.default_pool().clone());
+            let pool = d.pools.require(&pool_name)?.clone();
+            let access_type = access_type_of(&caps, pool.as_ref())?;
+            self.check_topology(req.accessibility_requirements.as_ref())?;
+
+            let id = VolumeId::new(pool_name, &name);
+            // The lock key is the name's hash, the same in every pool.
+            let _guard = d.locks.try_lock(id.key.as_str(), &format!("volume {:?}", name.as_str()))?;
+            for other in d.pools.iter().filter(|p| p.name() != pool.name()) {
+                let other_id = VolumeId::new(other.name().clone(), &name);
+                if other.get(&other_id).await?.is_some() {
+                    return Err(Error::AlreadyExists(format!(
+                        "volume {:?} already exists in pool {}",
+                        name.as_str(),
+                        other.name()
+                    )));
+                }
+            }
+            let vol = pool
+                .create(&CreateRequest { id, name, range, access_type, parameters: params.kept })
+                .await?;
+            Ok(csi::CreateVolumeResponse { volume: Some(self.to_csi(&vol)) })
+        })
+        .await
+    }
+
+    async fn delete_volume(
+        &self,
+        req: Request<csi::DeleteVolumeRequest>,
+    ) -> Result<Response<csi::DeleteVolumeResponse>, Status> {
+        let req = req.into_inner();
+        rpc("DeleteVolume", &req.volume_id, async {
+            let ParsedId::Volume(id) = VolumeId::parse("volume_id", &req.volume_id)? else {
+                return Ok(csi::DeleteVolumeResponse {});
+            };
+            let Some(pool) = self.driver.pools.get(&id.pool) else {
+                return Ok(csi::DeleteVolumeResponse {});
+            };
+            let _guard = self
+                .driver
+                .locks
+                .try_lock(id.key.as_str(), &format!("volume {id}"))?;
+            pool.delete(&id).await?;
+            Ok(csi::DeleteVolumeResponse {})
+        })
+        .await
+    }
+
+    async fn controller_publish_volume(
+        &self,
+        _req: Request<csi::ControllerPublishVolumeRequest>,
+    ) -> Result<Response<csi::ControllerPublishVolumeResponse>, Status> {
+        Err(Status::unimplemented(
+            "ControllerPublishVolume is not needed by local volumes",
+        ))
+    }
+
+    async fn controller_unpublish_volume(
+        &self,
+        _req: Request<csi::ControllerUnpublishVolumeRequest>,
+    ) -> Result<Response<csi::ControllerUnpublishVolumeResponse>, Status> {
+        Err(Status::unimplemented(
+            "ControllerUnpublishVolume is not needed by local volumes",
+        ))
+    }
+
+    async fn validate_volume_capabilities(
+        &self,
+        req: Request<csi::ValidateVolumeCapabilitiesRequest>,
+    ) -> Result<Response<csi::ValidateVolumeCapabilitiesResponse>, Status> {
+        let req = req.into_inner();
+        rpc("ValidateVolumeCapabilities", &req.volume_id, async {
+            crate::ids::check_text("volume_id", &req.volume_id)?;
+            if req.volume_capabilities.is_empty() {
+                return Err(Error::InvalidArgument(
+                    "volume_capabilities is required".into(),
+                ));
+            }
+            let (_, pool, vol) = self.driver.require("volume_id", &req.volume_id).await?;
+            // Decode one by one: an unsupported capability is an answer, not an error.
+            let mut unsupported = None;
+            for c in &req.volume_capabilities {
+                match super::decode_capability(c) {
+                    Ok(cap)
+                        if cap.access_type == vol.access_type && pool.supports(cap.access_type) => {
+                    }
+                    Ok(cap) => {
+                        unsupported = Some(format!(
+                            "volume is {:?}, capability asks for {:?}",
+                            vol.access_type, cap.access_type
+                        ))
+                    }
+                    Err(e) => unsupported = Some(e.to_string()),
+                }
+            }
+            if let Err(e) = decode_params(&req.parameters) {
+                unsupported = Some(e.to_string());
+            }
+            Ok(match unsupported {
+                Some(message) => csi::ValidateVolumeCapabilitiesResponse {
+                    confirmed: None,
+                    message,
+                },
+                None => csi::ValidateVolumeCapabilitiesResponse {
+                    confirmed: Some(csi::validate_volume_capabilities_response::Confirmed {
+                        volume_context: req.volume_context,
+                        volume_capabilities: req.volume_capabilities,
+                        parameters: req.parameters,
+                        mutable_parameters: req.mutable_parameters,
+                    }),
+                    message: String::new(),
+                },
+            })
+        })
+        .await
+    }
+
+    async fn list_volumes(
+        &self,
+        req: Request<csi::ListVolumesRequest>,
+    ) -> Result<Response<csi::ListVolumesResponse>, Status> {
+        let req = req.into_inner();
+        rpc("ListVolumes", "", async {
+            if req.max_entries < 0 {
+                return Err(Error::InvalidArgument(format!(
+                    "max_entries must not be negative (got {})",
+                    req.max_entries
+                )));
+            }
+            let mut all = Vec::new();
+            for pool in self.driver.pools.iter() {
+                all.extend(pool.list().await?);
+            }
+            all.sort_by(|a, b| a.id.cmp(&b.id));
+            // The token is the id of the first entry of the next page.
+            let start = if req.starting_token.is_empty() {
+                0
+            } else {
+                all.iter()
+                    .position(|v| v.id == req.starting_token)
+                    .ok_or_else(|| {
+                        Error::Aborted(format!(
+                            "starting_token {:?} is not valid (no such volume)",
+                            truncate(&req.starting_token)
+                        ))
+                    })?
+            };
+            let max = if req.max_entries == 0 {
+                usize::MAX
+            } else {
+                req.max_entries as usize
+            };
+            let end = start.saturating_add(max).min(all.len());
+            let next_token = all.get(end).map(|v| v.id.clone()).unwrap_or_default();
+            Ok(csi::ListVolumesResponse {
+                entries: all[start..end]
+                    .iter()
+                    .map(|v| csi::list_volumes_response::Entry {
+                        volume: Some(self.to_csi(v)),
+                        status: None,
+                    })
+                    .collect(),
+                next_token,
+            })
+        })
+        .await
+    }
+
+    async fn get_capacity(
+        &self,
+        req: Request<csi::GetCapacityRequest>,
+    ) -> Result<Response<csi::GetCapacityResponse>, Status> {
+        let req = req.into_inner();
+        rpc("GetCapacity", "", async {
+            let caps: Vec<Capability> = req
+                .volume_capabilities
+                .iter()
+                .map(super::decode_capability)
+                .collect::<Result<_>>()?;
+            let params = decode_params(&req.parameters)?;
+            let d = &self.driver;
+            let pool = d
+                .pools
+                .require(params.pool.as_ref().unwrap_or(d.pools.default_pool()))?;
+            let elsewhere = req
+                .accessible_topology
+                .as_ref()
+                .is_some_and(|t| !d.is_this_node(t));
+            let unsupported = caps.iter().any(|c| !pool.supports(c.access_type));
+            if elsewhere || unsupported {
+                return Ok(csi::GetCapacityResponse {
+                    available_capacity: 0,
+                    maximum_volume_size: Some(0),
+                    minimum_volume_size: None,
+                });
+            }
+            let cap = pool.capacity().await?;
+            Ok(csi::GetCapacityResponse {
+                available_capacity: to_i64(cap.available_bytes),
+                maximum_volume_size: Some(to_i64(cap.maximum_volume_size)),
+                minimum_volume_size: None,
+            })
+        })
+        .await
+    }
+
+    async fn controller_get_capabilities(
+        &self,
+        _req: Request<csi::ControllerGetCapabilitiesRequest>,
+    ) -> Result<Response<csi::ControllerGetCapabilitiesResponse>, Status> {
+        let cap = |t: RpcType| csi::ControllerServiceCapability {
+            r#type: Some(CapType::Rpc(Rpc { r#type: t as i32 })),
+        };
+        rpc("ControllerGetCapabilities", "", async {
+            Ok(csi::ControllerGetCapabilitiesResponse {
+                capabilities: vec![
+                    cap(RpcType::CreateDeleteVolume),
+                    cap(RpcType::ListVolumes),
+                    cap(RpcType::GetCapacity),
+                    cap(RpcType::ExpandVolume),
+                    cap(RpcType::SingleNodeMultiWriter),
+                ],
+            })
+        })
+        .await
+    }
+
+    async fn create_snapshot(
+        &self,
+        _req: Request<csi::CreateSnapshotRequest>,
+    ) -> Result<Response<csi::CreateSnapshotResponse>, Status> {
+        Err(Status::unimplemented(
+            "snapshots are not supported by this driver's pools",
+        ))
+    }
+
+    async fn delete_snapshot(
+        &self,
+        _req: Request<csi::DeleteSnapshotRequest>,
+    ) -> Result<Response<csi::DeleteSnapshotResponse>, Status> {
+        Err(Status::unimplemented(
+            "snapshots are not supported by this driver's pools",
+        ))
+    }
+
+    async fn list_snapshots(
+        &self,
+        _req: Request<csi::ListSnapshotsRequest>,
+    ) -> Result<Response<csi::ListSnapshotsResponse>, Status> {
+        Err(Status::unimplemented(
+            "snapshots are not supported by this driver's pools",
+        ))
+    }
+
+    async fn controller_expand_volume(
+        &self,
+        req: Request<csi::ControllerExpandVolumeRequest>,
+    ) -> Result<Response<csi::ControllerExpandVolumeResponse>, Status> {
+        let req = req.into_inner();
+        rpc("ControllerExpandVolume", &req.volume_id, async {
+            crate::ids::check_text("volume_id", &req.volume_id)?;
+            let range = decode_range(req.capacity_range.as_ref())?;
+            if range.required == 0 && range.limit == 0 {
+                return Err(Error::InvalidArgument("capacity_range is required".into()));
+            }
+            let (id, pool, _) = self.driver.require("volume_id", &req.volume_id).await?;
+            let _guard = self
+                .driver
+                .locks
+                .try_lock(id.key.as_str(), &format!("volume {id}"))?;
+            let r = pool.expand(&id, range).await?;
+            Ok(csi::ControllerExpandVolumeResponse {
+                capacity_bytes: to_i64(r.size_bytes),
+                node_expansion_required: r.node_expansion_required,
+            })
+        })
+        .await
+    }
+
+    async fn controller_get_volume(
+        &self,
+        _req: Request<csi::ControllerGetVolumeRequest>,
+    ) -> Result<Response<csi::ControllerGetVolumeResponse>, Status> {
+        Err(Status::unimplemented(
+            "ControllerGetVolume is not supported",
+        ))
+    }
+
+    async fn controller_modify_volume(
+        &self,
+        _req: Request<csi::ControllerModifyVolumeRequest>,
+    ) -> Result<Response<csi::ControllerModifyVolumeResponse>, Status> {
+        Err(Status::unimplemented(
+            "ControllerModifyVolume is not supported",
+        ))
+    }
+}

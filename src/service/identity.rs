@@ -1,0 +1,79 @@
+//! CSI Identity service.
+
+use std::sync::Arc;
+
+use tonic::{Request, Response, Status};
+
+use super::{rpc, Driver};
+use crate::csi;
+use crate::csi::plugin_capability::{self, service, volume_expansion};
+
+pub struct IdentityService {
+    driver: Arc<Driver>,
+}
+
+impl IdentityService {
+    pub fn new(driver: Arc<Driver>) -> Self {
+        Self { driver }
+    }
+}
+
+#[tonic::async_trait]
+impl csi::identity_server::Identity for IdentityService {
+    async fn get_plugin_info(
+        &self,
+        _req: Request<csi::GetPluginInfoRequest>,
+    ) -> Result<Response<csi::GetPluginInfoResponse>, Status> {
+        rpc("GetPluginInfo", "", async {
+            Ok(csi::GetPluginInfoResponse {
+                name: self.driver.name.clone(),
+                vendor_version: self.driver.version.clone(),
+                manifest: Default::default(),
+            })
+        })
+        .await
+    }
+
+    async fn get_plugin_capabilities(
+        &self,
+        _req: Request<csi::GetPluginCapabilitiesRequest>,
+    ) -> Result<Response<csi::GetPluginCapabilitiesResponse>, Status> {
+        let svc = |t: service::Type| csi::PluginCapability {
+            r#type: Some(plugin_capability::Type::Service(
+                plugin_capability::Service { r#type: t as i32 },
+            )),
+        };
+        rpc("GetPluginCapabilities", "", async {
+            Ok(csi::GetPluginCapabilitiesResponse {
+                capabilities: vec![
+                    svc(service::Type::ControllerService),
+                    svc(service::Type::VolumeAccessibilityConstraints),
+                    csi::PluginCapability {
+                        r#type: Some(plugin_capability::Type::VolumeExpansion(
+                            plugin_capability::VolumeExpansion {
+                                r#type: volume_expansion::Type::Online as i32,
+                            },
+                        )),
+                    },
+                ],
+            })
+        })
+        .await
+    }
+
+    async fn probe(
+        &self,
+        _req: Request<csi::ProbeRequest>,
+    ) -> Result<Response<csi::ProbeResponse>, Status> {
+        rpc("Probe", "", async {
+            for pool in self.driver.pools.iter() {
+                if let Err(e) = pool.check().await {
+                    tracing::warn!(pool = %pool.name(), error = %e, "pool not ready");
+                    return Ok(csi::ProbeResponse { ready: Some(false) });
+                }
+            }
+            Ok(csi::ProbeResponse { ready: Some(true) })
+        })
+        .await
+    }
+}

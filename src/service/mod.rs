@@ -1,0 +1,232 @@
+//! The CSI services. These modules are the only code that sees proto types:
+//! each handler decodes its request into domain types first (bad input becomes
+//! INVALID_ARGUMENT before anything on disk is touched), then calls pools and
+//! node operations, and converts errors to `Status` through `error.rs`.
+
+use std::collections::{BTreeMap, HashMap};
+use std::future::Future;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Instant;
+
+use tonic::{Code, Response, Status};
+
+use crate::csi;
+use crate::csi::volume_capability::access_mode::Mode;
+use crate::error::{Error, Result};
+use crate::ids::{truncate, ParsedId, PoolName, VolumeId};
+use crate::locks::VolumeLocks;
+use crate::pool::{AccessMode, AccessType, Pool, Pools, Volume};
+
+pub mod controller;
+pub mod identity;
+pub mod node;
+
+/// Topology key every volume and node is labelled with.
+pub const TOPOLOGY_KEY: &str = "topology.localvol.csi.dev/node";
+
+/// StorageClass parameter that picks a pool.
+pub const PARAM_POOL: &str = "pool";
+/// Prefix of the parameters Kubernetes' sidecars add (`--extra-create-metadata`).
+pub const K8S_PARAM_PREFIX: &str = "csi.storage.k8s.io/";
+
+/// State shared by the three services.
+pub struct Driver {
+    pub name: String,
+    pub version: String,
+    pub node_id: String,
+    pub pools: Pools,
+    pub locks: VolumeLocks,
+    /// Staging and target paths must lie below this directory.
+    pub kubelet_dir: PathBuf,
+    pub max_volumes_per_node: i64,
+}
+
+impl Driver {
+    pub fn topology(&self) -> csi::Topology {
+        csi::Topology {
+            segments: HashMap::from([(TOPOLOGY_KEY.to_owned(), self.node_id.clone())]),
+        }
+    }
+
+    /// Whether a topology segment from a request names this node.
+    pub fn is_this_node(&self, t: &csi::Topology) -> bool {
+        t.segments.get(TOPOLOGY_KEY) == Some(&self.node_id)
+    }
+
+    /// Finds a volume by a request's id. `Ok(None)` when it does not exist
+    /// (including ids that are not ours at all).
+    pub async fn find(
+        &self,
+        what: &str,
+        raw: &str,
+    ) -> Result<Option<(VolumeId, Arc<dyn Pool>, Volume)>> {
+        let ParsedId::Volume(id) = VolumeId::parse(what, raw)? else {
+            return Ok(None);
+        };
+        let Some(pool) = self.pools.get(&id.pool) else {
+            return Ok(None);
+        };
+        let pool = pool.clone();
+        Ok(pool.get(&id).await?.map(|v| (id, pool, v)))
+    }
+
+    /// Like [`Driver::find`], NOT_FOUND when missing.
+    pub async fn require(
+        &self,
+        what: &str,
+        raw: &str,
+    ) -> Result<(VolumeId, Arc<dyn Pool>, Volume)> {
+        self.find(what, raw).await?.ok_or_else(|| {
+            Error::NotFound(format!(
+                "volume {:?} does not exist on node {}",
+                truncate(raw),
+                self.node_id
+            ))
+        })
+    }
+}
+
+/// A decoded `VolumeCapability`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Capability {
+    pub access_type: AccessType,
+    pub fs_type: String,
+    pub mount_flags: Vec<String>,
+    pub mode: AccessMode,
+}
+
+pub fn decode_capability(c: &csi::VolumeCapability) -> Result<Capability> {
+    use csi::volume_capability::AccessType as At;
+    let (access_type, fs_type, mount_flags) = match &c.access_type {
+        Some(At::Mount(m)) => (AccessType::Mount, m.fs_type.clone(), m.mount_flags.clone()),
+        Some(At::Block(_)) => (AccessType::Block, String::new(), Vec::new()),
+        None => {
+            return Err(Error::InvalidArgument(
+                "volume capability has no access type (mount or block)".into(),
+            ))
+        }
+    };
+    let raw_mode = c
+        .access_mode
+        .as_ref()
+        .map(|m| m.mode)
+        .ok_or_else(|| Error::InvalidArgument("volume capability has no access mode".into()))?;
+    let mode = match Mode::try_from(raw_mode) {
+        Ok(Mode::SingleNodeWriter) => AccessMode::SingleNodeWriter,
+        Ok(Mode::SingleNodeReaderOnly) => AccessMode::SingleNodeReaderOnly,
+        Ok(Mode::SingleNodeSingleWriter) => AccessMode::SingleNodeSingleWriter,
+        Ok(Mode::SingleNodeMultiWriter) => AccessMode::SingleNodeMultiWriter,
+        Ok(
+            m @ (Mode::MultiNodeReaderOnly
+            | Mode::MultiNodeSingleWriter
+            | Mode::MultiNodeMultiWriter),
+        ) => {
+            return Err(Error::InvalidArgument(format!(
+                "access mode {} is not supported: localvol volumes live on one node",
+                m.as_str_name()
+            )))
+        }
+        Ok(Mode::Unknown) | Err(_) => {
+            return Err(Error::InvalidArgument(format!(
+                "unknown access mode {raw_mode}"
+            )))
+        }
+    };
+    for f in &mount_flags {
+        if f.is_empty() || f.len() > 256 || f.contains(|ch: char| ch.is_control() || ch == ',') {
+            return Err(Error::InvalidArgument(format!(
+                "invalid mount flag {:?}",
+                truncate(f)
+            )));
+        }
+    }
+    if !matches!(fs_type.as_str(), "" | "ext4" | "xfs") {
+        return Err(Error::InvalidArgument(format!(
+            "fs_type {:?} is not supported (ext4 or xfs)",
+            truncate(&fs_type)
+        )));
+    }
+    Ok(Capability {
+        access_type,
+        fs_type,
+        mount_flags,
+        mode,
+    })
+}
+
+/// Decodes a non-empty capability list.
+pub fn decode_capabilities(caps: &[csi::VolumeCapability]) -> Result<Vec<Capability>> {
+    if caps.is_empty() {
+        return Err(Error::InvalidArgument(
+            "volume_capabilities is required".into(),
+        ));
+    }
+    caps.iter().map(decode_capability).collect()
+}
+
+/// StorageClass parameters of CreateVolume and GetCapacity.
+#[derive(Debug, Default)]
+pub struct PoolParams {
+    pub pool: Option<PoolName>,
+    /// Everything understood that the record keeps.
+    pub kept: BTreeMap<String, String>,
+}
+
+pub fn decode_params(params: &HashMap<String, String>) -> Result<PoolParams> {
+    let mut out = PoolParams::default();
+    for (k, v) in params {
+        if k == PARAM_POOL {
+            out.pool = Some(PoolName::parse(v)?);
+            out.kept.insert(k.clone(), v.clone());
+        } else if let Some(rest) = k.strip_prefix(K8S_PARAM_PREFIX) {
+            crate::ids::check_text("parameter name", rest)?;
+            if v.len() > 1024 || v.contains(char::is_control) {
+                return Err(Error::InvalidArgument(format!(
+                    "parameter {k} has an invalid value"
+                )));
+            }
+            out.kept.insert(k.clone(), v.clone());
+        } else {
+            return Err(Error::InvalidArgument(format!(
+                "unknown parameter {:?} (known: {PARAM_POOL}, {K8S_PARAM_PREFIX}*)",
+                truncate(k)
+            )));
+        }
+    }
+    Ok(out)
+}
+
+/// Converts a CSI byte count (int64) to u64; negative is INVALID_ARGUMENT.
+pub fn bytes(what: &str, v: i64) -> Result<u64> {
+    u64::try_from(v)
+        .map_err(|_| Error::InvalidArgument(format!("{what} must not be negative (got {v})")))
+}
+
+pub fn to_i64(v: u64) -> i64 {
+    i64::try_from(v).unwrap_or(i64::MAX)
+}
+
+/// Runs one RPC body: times it, converts the error in the one place that does,
+/// and logs the call once (Probe at debug level).
+pub async fn rpc<T, F>(method: &'static str, volume: &str, f: F) -> Result<Response<T>, Status>
+where
+    F: Future<Output = Result<T>>,
+{
+    let start = Instant::now();
+    let res = f.await.map(Response::new).map_err(Status::from);
+    let code = match &res {
+        Ok(_) => Code::Ok,
+        Err(s) => s.code(),
+    };
+    let ms = start.elapsed().as_secs_f64() * 1000.0;
+    let volume = truncate(volume);
+    match (&res, method) {
+        (Ok(_), "Probe") => tracing::debug!(method, duration_ms = ms, code = ?code, "rpc"),
+        (Ok(_), _) => tracing::info!(method, volume, duration_ms = ms, code = ?code, "rpc"),
+        (Err(s), _) => {
+            tracing::info!(method, volume, duration_ms = ms, code = ?code, error = s.message(), "rpc")
+        }
+    }
+    res
+}
