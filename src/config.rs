@@ -10,6 +10,7 @@
 //!     reserve: 5Gi           # never handed out
 //!     capacity: 500Gi        # optional cap on what the pool offers
 //!     defaultSize: 1Gi       # size of a volume created without a capacity range
+//!     quota: auto            # required | auto | off: enforce sizes with project quotas
 //! ```
 
 use std::collections::BTreeSet;
@@ -65,6 +66,22 @@ pub struct DirPoolConfig {
     /// Size of a volume created without a capacity range.
     #[serde(default)]
     pub default_size: Option<ByteSize>,
+    /// Size enforcement with project quotas.
+    #[serde(default)]
+    pub quota: QuotaMode,
+}
+
+/// Whether a dir pool enforces volume sizes with project quotas.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum QuotaMode {
+    /// Refuse to start unless the filesystem enforces project quotas.
+    Required,
+    /// Enforce where the filesystem can; warn where it cannot.
+    #[default]
+    Auto,
+    /// Never set quotas (sizes are only accounted, not enforced).
+    Off,
 }
 
 impl Config {
@@ -93,6 +110,7 @@ impl Config {
                 reserve: ByteSize(0),
                 capacity: None,
                 default_size: None,
+                quota: QuotaMode::Auto,
             })],
         }
     }
@@ -158,13 +176,16 @@ mod tests {
         let cfg = Config::from_yaml(
             "defaultPool: b\nmaxVolumesPerNode: 50\npools:\n\
              - {name: a, type: dir, path: /x/a}\n\
-             - {name: b, type: dir, path: /x/b, reserve: 1Gi, capacity: 10Gi, defaultSize: 100Mi}\n",
+             - {name: b, type: dir, path: /x/b, reserve: 1Gi, capacity: 10Gi, defaultSize: 100Mi, quota: required}\n",
         )
         .unwrap();
         assert_eq!(cfg.default_pool().as_str(), "b");
         let PoolConfig::Dir(b) = &cfg.pools[1];
         assert_eq!(b.reserve.0, 1 << 30);
         assert_eq!(b.capacity.unwrap().0, 10 << 30);
+        assert_eq!(b.quota, QuotaMode::Required);
+        let PoolConfig::Dir(a) = &cfg.pools[0];
+        assert_eq!(a.quota, QuotaMode::Auto);
     }
 
     #[test]

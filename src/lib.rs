@@ -12,6 +12,7 @@ pub mod locks;
 pub mod mount;
 pub mod nodeops;
 pub mod pool;
+pub mod quota;
 pub mod server;
 pub mod service;
 pub mod size;

@@ -94,14 +94,19 @@ impl MountTable {
             .count()
     }
 
+    /// The mount that holds an (absolute, canonical) path: the deepest mount
+    /// point above it, the top one when several are stacked.
+    pub fn containing(&self, path: &Path) -> Option<&MountEntry> {
+        // max_by_key keeps the last of equal keys: the top of a stack.
+        self.entries
+            .iter()
+            .filter(|e| path.starts_with(&e.mount_point))
+            .max_by_key(|e| e.mount_point.as_os_str().len())
+    }
+
     /// The filesystem and in-filesystem path of an (absolute, canonical) path.
     pub fn locate(&self, path: &Path) -> Option<Location> {
-        let m = self
-            .entries
-            .iter()
-            .rev()
-            .filter(|e| path.starts_with(&e.mount_point))
-            .max_by_key(|e| e.mount_point.as_os_str().len())?;
+        let m = self.containing(path)?;
         let rest = path.strip_prefix(&m.mount_point).ok()?;
         let root = if rest.as_os_str().is_empty() {
             m.root.clone()
@@ -135,8 +140,13 @@ fn unescape(raw: &[u8]) -> PathBuf {
     let mut out = Vec::with_capacity(raw.len());
     let mut i = 0;
     while i < raw.len() {
-        if raw[i] == b'\\' && i + 4 <= raw.len() && raw[i + 1..i + 4].iter().all(|c| (b'0'..=b'7').contains(c)) {
-            let v = raw[i + 1..i + 4].iter().fold(0u32, |acc, c| acc * 8 + u32::from(c - b'0'));
+        if raw[i] == b'\\'
+            && i + 4 <= raw.len()
+            && raw[i + 1..i + 4].iter().all(|c| (b'0'..=b'7').contains(c))
+        {
+            let v = raw[i + 1..i + 4]
+                .iter()
+                .fold(0u32, |acc, c| acc * 8 + u32::from(c - b'0'));
             if let Ok(b) = u8::try_from(v) {
                 out.push(b);
                 i += 4;
@@ -221,6 +231,7 @@ mod tests {
 41 27 253:0 /srv/pool/volumes/abc /var/lib/kubelet/pods/p1/mount ro,relatime - ext4 /dev/vda rw
 42 27 0:50 / /srv/pool rw - tmpfs tmpfs rw
 43 27 0:50 /volumes/def /mnt/with\\040space rw - tmpfs tmpfs rw
+44 27 0:51 / /srv/pool rw - tmpfs tmpfs rw
 ";
 
     #[test]
@@ -247,17 +258,20 @@ mod tests {
     }
 
     #[test]
-    fn locate_uses_the_deepest_mount() {
+    fn locate_uses_the_deepest_and_topmost_mount() {
         let t = MountTable::parse(SAMPLE).unwrap();
-        // /srv/pool is a tmpfs mounted over the root filesystem's /srv/pool.
+        // /srv/pool has two tmpfs stacked over the root filesystem's /srv/pool:
+        // the one mounted last (0:51) is what the path resolves to.
         let loc = t.locate(Path::new("/srv/pool/volumes/def")).unwrap();
         assert_eq!(
             loc,
             Location {
-                dev: "0:50".into(),
+                dev: "0:51".into(),
                 root: "/volumes/def".into()
             }
         );
+        assert_eq!(t.count_at(Path::new("/srv/pool")), 2);
+        assert_eq!(t.at(Path::new("/srv/pool")).unwrap().dev, "0:51");
         let on_root = t.locate(Path::new("/etc")).unwrap();
         assert_eq!(
             on_root,
@@ -266,8 +280,18 @@ mod tests {
                 root: "/etc".into()
             }
         );
-        let space = t.mounts_of(&loc).next().unwrap();
-        assert_eq!(space.mount_point, PathBuf::from("/mnt/with space"));
+    }
+
+    #[test]
+    fn unescapes_octal_in_paths() {
+        let t = MountTable::parse(SAMPLE).unwrap();
+        let loc = Location {
+            dev: "0:50".into(),
+            root: "/volumes/def".into(),
+        };
+        let m = t.mounts_of(&loc).next().unwrap();
+        assert_eq!(m.mount_point, PathBuf::from("/mnt/with space"));
+        assert_eq!(unescape(br"a\134b\011c\9"), PathBuf::from("a\\b\tc\\9"));
     }
 
     #[test]

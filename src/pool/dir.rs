@@ -1,13 +1,19 @@
 //! Directory pools: a volume is a directory under `<path>/volumes/`, its record
 //! a JSON file beside it (`<key>/` and `<key>.json`).
 //!
+//! With project quotas (see `quota.rs`) each volume directory gets its own
+//! project id, recorded in its record, and a hard limit equal to its size. Ids
+//! are picked from a deterministic sequence per volume, skipping ids that other
+//! records use or that already carry usage on the filesystem; delete releases
+//! the id by clearing its limits.
+//!
 //! The records on disk are the truth. The in-memory index is rebuilt from them
 //! at start and changed only after the matching record write has succeeded.
 //! Creation writes the directory first and the record last, so the record is the
 //! commit point: a directory without a record is an interrupted create, which a
 //! retried create completes and a delete removes.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::fs;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
@@ -15,16 +21,25 @@ use std::time::{SystemTime, UNIX_EPOCH};
 
 use async_trait::async_trait;
 
-use super::{AccessType, Capacity, CapacityRange, CreateRequest, Expanded, Pool, Source, Volume};
-use crate::config::{DirPoolConfig, DEFAULT_VOLUME_SIZE};
+use super::{
+    AccessType, Capacity, CapacityRange, CreateRequest, Expanded, Pool, Source, Usage, Volume,
+};
+use crate::config::{DirPoolConfig, QuotaMode, DEFAULT_VOLUME_SIZE};
 use crate::error::{blocking, Error, IoContext, Result};
 use crate::fsutil::{self, FsStats};
 use crate::ids::{PoolName, VolumeId, VolumeKey};
 use crate::mount::MountTable;
+use crate::quota::Quotas;
 
 const RECORD_VERSION: u32 = 1;
 /// Volume sizes are rounded up to whole 4 KiB blocks.
 const BLOCK: u64 = 4096;
+/// Project ids localvol picks from: high enough to stay clear of ids an
+/// administrator assigns by hand.
+const PROJECT_MIN: u32 = 1_000_000;
+const PROJECT_SPAN: u32 = 1 << 30;
+/// How many ids a create tries before it gives up.
+const PROJECT_TRIES: usize = 64;
 
 pub struct DirPool {
     name: PoolName,
@@ -33,21 +48,61 @@ pub struct DirPool {
     reserve: u64,
     cap: Option<u64>,
     default_size: u64,
+    /// Set when the filesystem enforces project quotas and the config allows it.
+    quotas: Option<Arc<Quotas>>,
+    /// Why sizes are not enforced (quota: auto on a filesystem without quotas).
+    unenforced_reason: Option<String>,
     state: Arc<Mutex<State>>,
 }
 
 #[derive(Default)]
 struct State {
     volumes: HashMap<VolumeKey, Volume>,
-    /// Space promised to creates and expansions that are still writing.
-    reserved: HashMap<VolumeKey, u64>,
+    /// Space (and a project id) promised to creates and expansions that are
+    /// still writing.
+    reserved: HashMap<VolumeKey, (u64, Option<u32>)>,
+    /// Ids found carrying usage that no record explains: never picked.
+    foreign_projects: HashSet<u32>,
 }
 
 impl State {
     fn allocated(&self) -> u64 {
         self.volumes.values().map(|v| v.size_bytes).sum::<u64>()
-            + self.reserved.values().sum::<u64>()
+            + self.reserved.values().map(|r| r.0).sum::<u64>()
     }
+
+    fn project_in_use(&self, id: u32) -> bool {
+        self.foreign_projects.contains(&id)
+            || self.volumes.values().any(|v| v.project_id == Some(id))
+            || self.reserved.values().any(|r| r.1 == Some(id))
+    }
+
+    /// The first free id of the volume's own sequence.
+    fn pick_project(&self, key: &VolumeKey) -> Option<u32> {
+        project_candidates(key)
+            .take(PROJECT_TRIES * 4)
+            .find(|id| !self.project_in_use(*id))
+    }
+
+    /// (project, size) of every volume whose unused quota must stay free.
+    fn projects(&self) -> Vec<(u32, u64)> {
+        self.volumes
+            .values()
+            .filter_map(|v| v.project_id.map(|p| (p, v.size_bytes)))
+            .collect()
+    }
+}
+
+/// The volume's deterministic sequence of candidate project ids.
+fn project_candidates(key: &VolumeKey) -> impl Iterator<Item = u32> {
+    let start = u32::from_str_radix(&key.as_str()[..8], 16).unwrap_or(0) % PROJECT_SPAN;
+    (0..PROJECT_SPAN).map(move |i| PROJECT_MIN + (start + i) % PROJECT_SPAN)
+}
+
+/// Filesystem figures plus the space promised to volumes but not yet used.
+struct Space {
+    fs: FsStats,
+    unused_quota: u64,
 }
 
 impl DirPool {
@@ -58,19 +113,40 @@ impl DirPool {
             reserve,
             capacity,
             default_size,
+            quota,
         } = cfg;
         let pool_name = name.clone();
-        let (root, volumes) = blocking(move || {
+        let (root, volumes, quotas, unenforced_reason) = blocking(move || {
             fs::create_dir_all(&path).ctx(|| format!("pool {pool_name}: creating {path:?}"))?;
             let root =
                 fs::canonicalize(&path).ctx(|| format!("pool {pool_name}: resolving {path:?}"))?;
             let volumes_dir = root.join("volumes");
             fsutil::ensure_dir(&volumes_dir, 0o700)?;
             let volumes = load_records(&pool_name, &volumes_dir)?;
-            Ok((root, volumes))
+            let (quotas, reason) = match quota {
+                QuotaMode::Off => (None, Some("quota: off".to_owned())),
+                QuotaMode::Auto | QuotaMode::Required => match Quotas::open(&volumes_dir) {
+                    Ok(q) => (Some(Arc::new(q)), None),
+                    Err(e) if quota == QuotaMode::Required => {
+                        return Err(Error::FailedPrecondition(format!(
+                            "pool {pool_name} has quota: required, but {e}"
+                        )))
+                    }
+                    Err(e) => (None, Some(e.to_string())),
+                },
+            };
+            if let Some(q) = &quotas {
+                apply_recorded_limits(&pool_name, q, &volumes)?;
+            }
+            Ok((root, volumes, quotas, reason))
         })
         .await?;
-        tracing::info!(pool = %name, root = ?root, volumes = volumes.len(), "dir pool loaded");
+        match &unenforced_reason {
+            None => tracing::info!(pool = %name, root = ?root, volumes = volumes.len(),
+                "dir pool loaded; sizes enforced by project quotas"),
+            Some(why) => tracing::warn!(pool = %name, root = ?root, volumes = volumes.len(),
+                reason = %why, "dir pool loaded; volume sizes are NOT enforced"),
+        }
         Ok(DirPool {
             name,
             volumes_dir: root.join("volumes"),
@@ -78,15 +154,22 @@ impl DirPool {
             reserve: reserve.0,
             cap: capacity.map(|c| c.0),
             default_size: default_size.map_or(DEFAULT_VOLUME_SIZE, |d| d.0),
+            quotas,
+            unenforced_reason,
             state: Arc::new(Mutex::new(State {
                 volumes,
-                reserved: HashMap::new(),
+                ..State::default()
             })),
         })
     }
 
     pub fn root(&self) -> &Path {
         &self.root
+    }
+
+    /// Why sizes are not enforced, or None when project quotas enforce them.
+    pub fn unenforced_reason(&self) -> Option<&str> {
+        self.unenforced_reason.as_deref()
     }
 
     fn data_dir(&self, key: &VolumeKey) -> PathBuf {
@@ -101,20 +184,43 @@ impl DirPool {
         self.state.lock().expect("pool state lock poisoned")
     }
 
-    /// The most this pool could ever hold, and what is free for new volumes now.
-    fn limits(&self, fs: &FsStats, allocated: u64) -> (u64, u64) {
+    /// The most this pool could ever hold, and what is free for new volumes now:
+    /// the smaller of "configured size minus what volumes were promised" and
+    /// "free space minus the unused part of every quota", both less the reserve.
+    fn limits(&self, space: &Space, allocated: u64) -> (u64, u64) {
+        let fs = &space.fs;
         let total = self
             .cap
             .map_or(fs.total_bytes, |c| c.min(fs.total_bytes))
             .saturating_sub(self.reserve);
         let by_allocation = total.saturating_sub(allocated);
-        let by_free_space = fs.available_bytes.saturating_sub(self.reserve);
+        let by_free_space = fs
+            .available_bytes
+            .saturating_sub(self.reserve)
+            .saturating_sub(space.unused_quota);
         (total, by_allocation.min(by_free_space))
     }
 
-    async fn stats(&self) -> Result<FsStats> {
+    async fn space(&self) -> Result<Space> {
         let root = self.root.clone();
-        blocking(move || fsutil::fs_stats(&root)).await
+        let quotas = self.quotas.clone();
+        let projects = if quotas.is_some() {
+            self.state().projects()
+        } else {
+            Vec::new()
+        };
+        blocking(move || {
+            let fs = fsutil::fs_stats(&root)?;
+            let mut unused_quota = 0u64;
+            if let Some(q) = quotas {
+                for (project, size) in projects {
+                    let used = q.get(project)?.used_bytes;
+                    unused_quota = unused_quota.saturating_add(size.saturating_sub(used));
+                }
+            }
+            Ok(Space { fs, unused_quota })
+        })
+        .await
     }
 
     /// Picks the size for a request: the required size (or the pool's default)
@@ -137,9 +243,15 @@ impl DirPool {
 
     /// Promises `bytes` to `key` if the pool has them; the caller must release
     /// the reservation.
-    fn reserve_space(&self, key: &VolumeKey, bytes: u64, fs: &FsStats, what: &str) -> Result<()> {
+    fn reserve_space(
+        &self,
+        key: &VolumeKey,
+        bytes: u64,
+        space: &Space,
+        what: &str,
+    ) -> Result<Option<u32>> {
         let mut st = self.state();
-        let (total, free) = self.limits(fs, st.allocated());
+        let (total, free) = self.limits(space, st.allocated());
         if bytes > total {
             return Err(Error::OutOfRange(format!(
                 "{what}: {bytes} bytes is more than pool {} can ever hold ({total} bytes)",
@@ -152,9 +264,64 @@ impl DirPool {
                 self.name
             )));
         }
-        st.reserved.insert(key.clone(), bytes);
-        Ok(())
+        let project = match &self.quotas {
+            Some(_) => Some(st.pick_project(key).ok_or_else(|| {
+                Error::ResourceExhausted(format!("{what}: no free project quota id found"))
+            })?),
+            None => None,
+        };
+        st.reserved.insert(key.clone(), (bytes, project));
+        Ok(project)
     }
+}
+
+/// Re-applies every recorded volume's limits, so the filesystem matches the
+/// records after a restart (or after someone changed them by hand).
+fn apply_recorded_limits(
+    pool: &PoolName,
+    q: &Quotas,
+    volumes: &HashMap<VolumeKey, Volume>,
+) -> Result<()> {
+    for v in volumes.values() {
+        match v.project_id {
+            Some(p) => q.set_limits(p, v.size_bytes, v.inode_limit.unwrap_or(0))?,
+            None => {
+                tracing::warn!(pool = %pool, volume = v.id, "volume was created without a project quota; its size is not enforced")
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Outcome of preparing a volume directory with a candidate project id.
+enum Prepared {
+    Done,
+    /// The id already carries usage or limits nobody recorded: try another.
+    ProjectBusy(u32),
+}
+
+/// Creates the volume directory and, with quotas, gives it `project` and limits.
+fn prepare_dir(
+    data: &Path,
+    quotas: Option<&Quotas>,
+    project: Option<u32>,
+    size: u64,
+    inodes: u64,
+) -> Result<Prepared> {
+    fsutil::ensure_dir(data, 0o777)?;
+    let (Some(q), Some(p)) = (quotas, project) else {
+        return Ok(Prepared::Done);
+    };
+    let (current, _) = crate::quota::project_of(data)?;
+    if current != p {
+        let existing = q.get(p)?;
+        if existing.used_bytes > 0 || existing.used_inodes > 0 || existing.block_limit_bytes > 0 {
+            return Ok(Prepared::ProjectBusy(p));
+        }
+        crate::quota::set_project(data, p)?;
+    }
+    q.set_limits(p, size, inodes)?;
+    Ok(Prepared::Done)
 }
 
 fn now_unix() -> u64 {
@@ -232,9 +399,49 @@ impl Pool for DirPool {
         if let Some(existing) = self.state().volumes.get(&key).cloned() {
             return matches_request(existing, req);
         }
+        if req.inode_limit.is_some() && self.quotas.is_none() {
+            return Err(Error::InvalidArgument(format!(
+                "pool {} does not enforce quotas ({}); inodeLimit cannot be honoured",
+                self.name,
+                self.unenforced_reason
+                    .as_deref()
+                    .unwrap_or("no quota support")
+            )));
+        }
         let size = self.size_for(req.range)?;
-        let fs = self.stats().await?;
-        self.reserve_space(&key, size, &fs, &format!("volume {}", req.name.as_str()))?;
+        let what = format!("volume {}", req.name.as_str());
+        let data = self.data_dir(&key);
+        let mut project = None;
+        for _ in 0..PROJECT_TRIES {
+            let space = self.space().await?;
+            let candidate = self.reserve_space(&key, size, &space, &what)?;
+            let (d, q) = (data.clone(), self.quotas.clone());
+            let inodes = req.inode_limit.unwrap_or(0);
+            let prepared =
+                blocking(move || prepare_dir(&d, q.as_deref(), candidate, size, inodes)).await;
+            match prepared {
+                Ok(Prepared::Done) => {
+                    project = Some(candidate);
+                    break;
+                }
+                Ok(Prepared::ProjectBusy(p)) => {
+                    tracing::warn!(pool = %self.name, project = p, "project id already in use on the filesystem; skipping it");
+                    let mut st = self.state();
+                    st.reserved.remove(&key);
+                    st.foreign_projects.insert(p);
+                }
+                Err(e) => {
+                    self.state().reserved.remove(&key);
+                    return Err(e);
+                }
+            }
+        }
+        let Some(project_id) = project else {
+            self.state().reserved.remove(&key);
+            return Err(Error::ResourceExhausted(format!(
+                "{what}: no free project quota id found"
+            )));
+        };
 
         let vol = Volume {
             version: RECORD_VERSION,
@@ -245,10 +452,11 @@ impl Pool for DirPool {
             access_type: req.access_type,
             created_unix: now_unix(),
             parameters: req.parameters.clone(),
+            project_id,
+            inode_limit: req.inode_limit,
         };
-        let (data, record, rec) = (self.data_dir(&key), self.record_path(&key), vol.clone());
+        let (record, rec) = (self.record_path(&key), vol.clone());
         let res = blocking(move || {
-            fsutil::ensure_dir(&data, 0o777)?;
             let json =
                 serde_json::to_vec_pretty(&rec).map_err(|e| Error::Internal(e.to_string()))?;
             fsutil::write_atomic(&record, &json)
@@ -265,6 +473,8 @@ impl Pool for DirPool {
         let key = id.key.clone();
         let (data, record) = (self.data_dir(&key), self.record_path(&key));
         let what = id.to_string();
+        let project = self.state().volumes.get(&key).and_then(|v| v.project_id);
+        let quotas = self.quotas.clone();
         blocking(move || {
             let table = MountTable::read()?;
             if let Some(loc) = table.locate(&data) {
@@ -282,6 +492,10 @@ impl Pool for DirPool {
                 )));
             }
             fsutil::remove_tree(&data)?;
+            // Release the id: no limits and (the tree is gone) no usage.
+            if let (Some(q), Some(p)) = (&quotas, project) {
+                q.set_limits(p, 0, 0)?;
+            }
             fsutil::remove_file_durable(&record)
         })
         .await?;
@@ -319,17 +533,36 @@ impl Pool for DirPool {
                 node_expansion_required: false,
             });
         }
-        let fs = self.stats().await?;
-        self.reserve_space(
-            &key,
-            new_size - current.size_bytes,
-            &fs,
-            &format!("expanding {id}"),
-        )?;
+        let space = self.space().await?;
+        {
+            // Growth is checked like a new volume of the difference; the volume
+            // keeps its project id.
+            let mut st = self.state();
+            let (total, free) = self.limits(&space, st.allocated());
+            let delta = new_size - current.size_bytes;
+            if new_size > total {
+                return Err(Error::OutOfRange(format!(
+                    "expanding {id}: {new_size} bytes is more than pool {} can ever hold ({total} bytes)",
+                    self.name
+                )));
+            }
+            if delta > free {
+                return Err(Error::ResourceExhausted(format!(
+                    "expanding {id}: pool {} has {free} bytes free, {delta} more requested",
+                    self.name
+                )));
+            }
+            st.reserved.insert(key.clone(), (delta, None));
+        }
         let mut grown = current.clone();
         grown.size_bytes = new_size;
-        let (record, rec) = (self.record_path(&key), grown.clone());
+        let (record, rec, quotas) = (self.record_path(&key), grown.clone(), self.quotas.clone());
         let res = blocking(move || {
+            // Raise the limit first: a crash before the record write leaves a
+            // limit that the next start lowers back to the recorded size.
+            if let (Some(q), Some(p)) = (&quotas, rec.project_id) {
+                q.set_limits(p, rec.size_bytes, rec.inode_limit.unwrap_or(0))?;
+            }
             let json =
                 serde_json::to_vec_pretty(&rec).map_err(|e| Error::Internal(e.to_string()))?;
             fsutil::write_atomic(&record, &json)
@@ -354,8 +587,8 @@ impl Pool for DirPool {
     }
 
     async fn capacity(&self) -> Result<Capacity> {
-        let fs = self.stats().await?;
-        let (_, free) = self.limits(&fs, self.state().allocated());
+        let space = self.space().await?;
+        let (_, free) = self.limits(&space, self.state().allocated());
         Ok(Capacity {
             available_bytes: free,
             maximum_volume_size: free,
@@ -370,6 +603,29 @@ impl Pool for DirPool {
             .ok_or_else(|| Error::Internal(format!("record has a malformed id {:?}", vol.id)))?;
         Ok(Source::Directory(self.data_dir(&key)))
     }
+
+    async fn usage(&self, vol: &Volume) -> Result<Option<Usage>> {
+        let (Some(q), Some(p)) = (self.quotas.clone(), vol.project_id) else {
+            return Ok(None);
+        };
+        let (size, inode_limit, root) = (vol.size_bytes, vol.inode_limit, self.root.clone());
+        blocking(move || {
+            let pq = q.get(p)?;
+            let total_inodes = match inode_limit {
+                Some(n) => n,
+                None => fsutil::fs_stats(&root)?.total_inodes,
+            };
+            Ok(Some(Usage {
+                total_bytes: size,
+                used_bytes: pq.used_bytes,
+                available_bytes: size.saturating_sub(pq.used_bytes),
+                total_inodes,
+                used_inodes: pq.used_inodes,
+                free_inodes: total_inodes.saturating_sub(pq.used_inodes),
+            }))
+        })
+        .await
+    }
 }
 
 /// An existing volume answers a repeated CreateVolume only when the request
@@ -381,7 +637,7 @@ fn matches_request(existing: Volume, req: &CreateRequest) -> Result<Volume> {
         Some(format!("it has {} bytes", existing.size_bytes))
     } else if existing.access_type != req.access_type {
         Some(format!("it is a {:?} volume", existing.access_type))
-    } else if existing.parameters != req.parameters {
+    } else if existing.parameters != req.parameters || existing.inode_limit != req.inode_limit {
         Some("it was created with other parameters".to_owned())
     } else {
         None
@@ -392,5 +648,199 @@ fn matches_request(existing: Volume, req: &CreateRequest) -> Result<Volume> {
             "volume {:?} already exists and does not match the request: {why}",
             req.name.as_str()
         ))),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ids::VolumeName;
+    use crate::size::ByteSize;
+
+    fn cfg(path: &Path, quota: QuotaMode) -> DirPoolConfig {
+        DirPoolConfig {
+            name: PoolName::parse("p").unwrap(),
+            path: path.to_path_buf(),
+            reserve: ByteSize(0),
+            capacity: Some(ByteSize(100 << 20)),
+            default_size: Some(ByteSize(8 << 20)),
+            quota,
+        }
+    }
+
+    fn req(name: &str, required: u64) -> CreateRequest {
+        let name = VolumeName::parse(name).unwrap();
+        CreateRequest {
+            id: VolumeId::new(PoolName::parse("p").unwrap(), &name),
+            name,
+            range: CapacityRange { required, limit: 0 },
+            access_type: AccessType::Mount,
+            inode_limit: None,
+            parameters: Default::default(),
+        }
+    }
+
+    #[tokio::test]
+    async fn create_is_idempotent_and_survives_reopen() {
+        let d = tempfile::tempdir().unwrap();
+        let pool = DirPool::open(cfg(d.path(), QuotaMode::Off)).await.unwrap();
+        let v = pool.create(&req("a", 10 << 20)).await.unwrap();
+        assert_eq!(v.size_bytes, 10 << 20);
+        assert_eq!(pool.create(&req("a", 10 << 20)).await.unwrap(), v);
+        assert!(matches!(
+            pool.create(&req("a", 20 << 20)).await,
+            Err(Error::AlreadyExists(_))
+        ));
+        let Source::Directory(dir) = pool.source(&v).unwrap();
+        assert!(dir.is_dir());
+        drop(pool);
+        let again = DirPool::open(cfg(d.path(), QuotaMode::Off)).await.unwrap();
+        let id = VolumeId::new(
+            PoolName::parse("p").unwrap(),
+            &VolumeName::parse("a").unwrap(),
+        );
+        assert_eq!(again.get(&id).await.unwrap(), Some(v));
+    }
+
+    #[tokio::test]
+    async fn capacity_counts_allocations_and_refuses_overcommit() {
+        let d = tempfile::tempdir().unwrap();
+        let pool = DirPool::open(cfg(d.path(), QuotaMode::Off)).await.unwrap();
+        assert_eq!(pool.capacity().await.unwrap().available_bytes, 100 << 20);
+        pool.create(&req("a", 60 << 20)).await.unwrap();
+        assert_eq!(pool.capacity().await.unwrap().available_bytes, 40 << 20);
+        assert!(matches!(
+            pool.create(&req("b", 50 << 20)).await,
+            Err(Error::ResourceExhausted(_))
+        ));
+        assert!(matches!(
+            pool.create(&req("c", 200 << 20)).await,
+            Err(Error::OutOfRange(_))
+        ));
+        // Nothing was left behind by the refused creates.
+        assert_eq!(pool.list().await.unwrap().len(), 1);
+        assert_eq!(fs::read_dir(d.path().join("volumes")).unwrap().count(), 2);
+    }
+
+    #[tokio::test]
+    async fn expand_grows_refuses_shrink_and_is_persisted() {
+        let d = tempfile::tempdir().unwrap();
+        let pool = DirPool::open(cfg(d.path(), QuotaMode::Off)).await.unwrap();
+        let r = req("a", 10 << 20);
+        pool.create(&r).await.unwrap();
+        let grown = pool
+            .expand(
+                &r.id,
+                CapacityRange {
+                    required: 30 << 20,
+                    limit: 0,
+                },
+            )
+            .await
+            .unwrap();
+        assert_eq!(grown.size_bytes, 30 << 20);
+        assert!(!grown.node_expansion_required);
+        assert!(matches!(
+            pool.expand(
+                &r.id,
+                CapacityRange {
+                    required: 5 << 20,
+                    limit: 6 << 20
+                }
+            )
+            .await,
+            Err(Error::OutOfRange(_))
+        ));
+        pool.create(&req("other", 50 << 20)).await.unwrap();
+        assert!(matches!(
+            pool.expand(
+                &r.id,
+                CapacityRange {
+                    required: 90 << 20,
+                    limit: 0
+                }
+            )
+            .await,
+            Err(Error::ResourceExhausted(_))
+        ));
+        drop(pool);
+        let again = DirPool::open(cfg(d.path(), QuotaMode::Off)).await.unwrap();
+        assert_eq!(
+            again.get(&r.id).await.unwrap().unwrap().size_bytes,
+            30 << 20
+        );
+    }
+
+    #[tokio::test]
+    async fn delete_removes_data_and_record_and_is_idempotent() {
+        let d = tempfile::tempdir().unwrap();
+        let pool = DirPool::open(cfg(d.path(), QuotaMode::Off)).await.unwrap();
+        let r = req("a", 1 << 20);
+        let v = pool.create(&r).await.unwrap();
+        let Source::Directory(dir) = pool.source(&v).unwrap();
+        fs::create_dir_all(dir.join("x/y")).unwrap();
+        fs::write(dir.join("x/y/z"), b"data").unwrap();
+        pool.delete(&r.id).await.unwrap();
+        pool.delete(&r.id).await.unwrap();
+        assert!(!dir.exists());
+        assert_eq!(fs::read_dir(d.path().join("volumes")).unwrap().count(), 0);
+        assert_eq!(pool.get(&r.id).await.unwrap(), None);
+    }
+
+    #[tokio::test]
+    async fn interrupted_create_is_completed_by_a_retry() {
+        let d = tempfile::tempdir().unwrap();
+        let pool = DirPool::open(cfg(d.path(), QuotaMode::Off)).await.unwrap();
+        let r = req("a", 1 << 20);
+        // A crash after mkdir and before the record: only the directory exists.
+        fs::create_dir(d.path().join("volumes").join(r.id.key.as_str())).unwrap();
+        fs::write(d.path().join("volumes/.x.json.tmp.1.1"), b"{").unwrap();
+        drop(pool);
+        let pool = DirPool::open(cfg(d.path(), QuotaMode::Off)).await.unwrap();
+        assert!(pool.list().await.unwrap().is_empty());
+        assert!(!d.path().join("volumes/.x.json.tmp.1.1").exists());
+        pool.create(&r).await.unwrap();
+        assert_eq!(pool.list().await.unwrap().len(), 1);
+    }
+
+    /// This machine's test hosts and most CI kernels lack project quotas on a
+    /// temp dir's filesystem; where that is so, `required` must refuse to start
+    /// with an actionable message and `auto` must degrade and say why.
+    #[tokio::test]
+    async fn quota_modes_without_quota_support() {
+        let d = tempfile::tempdir().unwrap();
+        if crate::quota::unsupported_reason(d.path()).is_none() {
+            eprintln!("temp dir filesystem enforces project quotas; covered by the VM tests");
+            return;
+        }
+        let err = DirPool::open(cfg(d.path(), QuotaMode::Required))
+            .await
+            .err()
+            .unwrap();
+        let msg = err.to_string();
+        assert!(msg.contains("quota: required"), "{msg}");
+        assert!(matches!(err, Error::FailedPrecondition(_)));
+        let pool = DirPool::open(cfg(d.path(), QuotaMode::Auto)).await.unwrap();
+        assert!(pool.unenforced_reason().is_some());
+        let mut r = req("a", 1 << 20);
+        r.inode_limit = Some(100);
+        assert!(matches!(
+            pool.create(&r).await,
+            Err(Error::InvalidArgument(_))
+        ));
+    }
+
+    #[test]
+    fn project_candidates_are_deterministic_and_in_range() {
+        let key = VolumeName::parse("x").unwrap().key();
+        let a: Vec<u32> = project_candidates(&key).take(5).collect();
+        let b: Vec<u32> = project_candidates(&key).take(5).collect();
+        assert_eq!(a, b);
+        assert!(a
+            .iter()
+            .all(|p| *p >= PROJECT_MIN && *p < PROJECT_MIN + PROJECT_SPAN));
+        let mut st = State::default();
+        st.foreign_projects.insert(a[0]);
+        assert_eq!(st.pick_project(&key), Some(a[1]));
     }
 }

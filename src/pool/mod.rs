@@ -61,6 +61,8 @@ pub struct CreateRequest {
     pub name: VolumeName,
     pub range: CapacityRange,
     pub access_type: AccessType,
+    /// Hard limit on files and directories (quota-enforced pools only).
+    pub inode_limit: Option<u64>,
     /// StorageClass parameters the driver understood (kept in the record).
     pub parameters: BTreeMap<String, String>,
 }
@@ -79,6 +81,12 @@ pub struct Volume {
     pub created_unix: u64,
     #[serde(default)]
     pub parameters: BTreeMap<String, String>,
+    /// Project quota id enforcing the size (dir pools with quotas).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub project_id: Option<u32>,
+    /// Inode hard limit, when one was asked for.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub inode_limit: Option<u64>,
 }
 
 /// What a pool can hand out right now.

@@ -52,7 +52,7 @@ impl ControllerService {
     }
 }
 
-fn decode_range(r: Option<&csi::CapacityRange>) -> Result<CapacityRange> {
+pub(crate) fn decode_range(r: Option<&csi::CapacityRange>) -> Result<CapacityRange> {
     let Some(r) = r else {
         return Ok(CapacityRange::default());
     };
@@ -127,7 +127,14 @@ impl csi::controller_server::Controller for ControllerService {
                 }
             }
             let vol = pool
-                .create(&CreateRequest { id, name, range, access_type, parameters: params.kept })
+                .create(&CreateRequest {
+                    id,
+                    name,
+                    range,
+                    access_type,
+                    inode_limit: params.inode_limit,
+                    parameters: params.kept,
+                })
                 .await?;
             Ok(csi::CreateVolumeResponse { volume: Some(self.to_csi(&vol)) })
         })

@@ -27,6 +27,8 @@ pub const TOPOLOGY_KEY: &str = "topology.localvol.csi.dev/node";
 
 /// StorageClass parameter that picks a pool.
 pub const PARAM_POOL: &str = "pool";
+/// StorageClass parameter: inode (file count) limit of each volume.
+pub const PARAM_INODE_LIMIT: &str = "inodeLimit";
 /// Prefix of the parameters Kubernetes' sidecars add (`--extra-create-metadata`).
 pub const K8S_PARAM_PREFIX: &str = "csi.storage.k8s.io/";
 
@@ -169,6 +171,7 @@ pub fn decode_capabilities(caps: &[csi::VolumeCapability]) -> Result<Vec<Capabil
 #[derive(Debug, Default)]
 pub struct PoolParams {
     pub pool: Option<PoolName>,
+    pub inode_limit: Option<u64>,
     /// Everything understood that the record keeps.
     pub kept: BTreeMap<String, String>,
 }
@@ -178,6 +181,15 @@ pub fn decode_params(params: &HashMap<String, String>) -> Result<PoolParams> {
     for (k, v) in params {
         if k == PARAM_POOL {
             out.pool = Some(PoolName::parse(v)?);
+            out.kept.insert(k.clone(), v.clone());
+        } else if k == PARAM_INODE_LIMIT {
+            let n: u64 = v.parse().ok().filter(|n| *n > 0).ok_or_else(|| {
+                Error::InvalidArgument(format!(
+                    "{PARAM_INODE_LIMIT} must be a positive integer (got {:?})",
+                    truncate(v)
+                ))
+            })?;
+            out.inode_limit = Some(n);
             out.kept.insert(k.clone(), v.clone());
         } else if let Some(rest) = k.strip_prefix(K8S_PARAM_PREFIX) {
             crate::ids::check_text("parameter name", rest)?;
@@ -189,7 +201,7 @@ pub fn decode_params(params: &HashMap<String, String>) -> Result<PoolParams> {
             out.kept.insert(k.clone(), v.clone());
         } else {
             return Err(Error::InvalidArgument(format!(
-                "unknown parameter {:?} (known: {PARAM_POOL}, {K8S_PARAM_PREFIX}*)",
+                "unknown parameter {:?} (known: {PARAM_POOL}, {PARAM_INODE_LIMIT}, {K8S_PARAM_PREFIX}*)",
                 truncate(k)
             )));
         }

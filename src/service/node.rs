@@ -13,7 +13,7 @@ use crate::fsutil;
 use crate::ids::check_text;
 use crate::mount::parse_bind_flag;
 use crate::nodeops;
-use crate::pool::{AccessType, Source, Volume};
+use crate::pool::{Source, Volume};
 use sys_mount::MountFlags;
 
 pub struct NodeService {
@@ -258,7 +258,8 @@ impl csi::node_server::Node for NodeService {
         rpc("NodeExpandVolume", &req.volume_id, async {
             check_text("volume_id", &req.volume_id)?;
             let path = self.path("volume_path", &req.volume_path).await?;
-            let (_, _pool, vol) = self.driver.require("volume_id", &req.volume_id).await?;
+            let range = super::controller::decode_range(req.capacity_range.as_ref())?;
+            let (id, pool, vol) = self.driver.require("volume_id", &req.volume_id).await?;
             if let Some(c) = req.volume_capability.as_ref() {
                 node_capability(Some(c), &vol)?;
             }
@@ -268,11 +269,17 @@ impl csi::node_server::Node for NodeService {
                     .map_err(|_| Error::NotFound(format!("volume_path {path:?} does not exist")))
             })
             .await?;
-            // Directory volumes grow in the controller call: nothing to do here.
-            debug_assert_eq!(vol.access_type, AccessType::Mount);
-            Ok(csi::NodeExpandVolumeResponse {
-                capacity_bytes: to_i64(vol.size_bytes),
-            })
+            // The volume lives here, so the node applies the size: this is what
+            // makes a central resizer work, whose ControllerExpandVolume may run
+            // on another node. Already that size (the usual case after a local
+            // ControllerExpandVolume): nothing to do.
+            let size = if range.required > vol.size_bytes {
+                let _guard = self.driver.locks.try_lock(id.key.as_str(), &format!("volume {id}"))?;
+                pool.expand(&id, range).await?.size_bytes
+            } else {
+                vol.size_bytes
+            };
+            Ok(csi::NodeExpandVolumeResponse { capacity_bytes: to_i64(size) })
         })
         .await
     }
