@@ -2,6 +2,8 @@
 //!
 //! See ARCHITECTURE.md for the code map and the invariants.
 
+pub mod bench;
+pub mod client;
 pub mod command;
 pub mod config;
 pub mod endpoint;
@@ -9,6 +11,7 @@ pub mod error;
 pub mod fsutil;
 pub mod ids;
 pub mod locks;
+pub mod lvm;
 pub mod mount;
 pub mod nodeops;
 pub mod pool;
