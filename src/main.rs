@@ -32,6 +32,10 @@ enum LogFormat {
 enum Command {
     /// Run the CSI driver (Identity, Controller and Node services).
     Serve(ServeArgs),
+    /// A CSI client for any driver's socket (probe, create, stage, publish, ...).
+    Client(localvol::client::ClientArgs),
+    /// Benchmark whole volume lifecycles through any CSI driver, or the syscall floor.
+    Bench(localvol::bench::BenchArgs),
 }
 
 #[derive(clap::Args)]
@@ -106,6 +110,8 @@ async fn main() -> ExitCode {
     init_logging(cli.log_format);
     let res = match cli.command {
         Command::Serve(a) => serve(a).await,
+        Command::Client(a) => return localvol::client::main(a).await,
+        Command::Bench(a) => return localvol::bench::main(a).await,
     };
     match res {
         Ok(()) => ExitCode::SUCCESS,
