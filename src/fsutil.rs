@@ -245,7 +245,12 @@ pub fn check_request_path(what: &str, root: &Path, p: &str) -> Result<PathBuf> {
             Err(e) => return Err(Error::io(format!("inspecting {cur:?}"), e)),
         }
     }
-    Ok(path.to_path_buf())
+    // The mount table records resolved paths: below a symlinked root, the
+    // unresolved path would never be found mounted (so staging or publishing
+    // twice would stack mounts, and unmounting would find nothing).
+    let real_root =
+        fs::canonicalize(root).ctx(|| format!("resolving the kubelet directory {root:?}"))?;
+    Ok(real_root.join(rest))
 }
 
 /// Space and inode figures of the filesystem holding a path.

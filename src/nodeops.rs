@@ -100,10 +100,18 @@ pub fn unstage(staging: &Path, expected: Option<&Location>) -> Result<()> {
     unmount_all(staging, expected)
 }
 
-/// Binds the staged volume onto `target`, read-only if asked, with extra
-/// per-mount flags. Already published the same way: OK; published with another
-/// source or another read-only setting: ALREADY_EXISTS.
-pub fn publish(staging: &Path, target: &Path, read_only: bool, flags: MountFlags) -> Result<()> {
+/// Binds the staged volume (at `volume` in the mount table) onto `target`,
+/// read-only if asked, with extra per-mount flags. Not staged there (nothing, or
+/// another volume, at `staging`): FAILED_PRECONDITION. Already published the same
+/// way: OK; published with another source or another read-only setting:
+/// ALREADY_EXISTS.
+pub fn publish(
+    staging: &Path,
+    target: &Path,
+    volume: &Location,
+    read_only: bool,
+    flags: MountFlags,
+) -> Result<()> {
     let table = MountTable::read()?;
     let staged = table
         .at(staging)
@@ -113,6 +121,12 @@ pub fn publish(staging: &Path, target: &Path, read_only: bool, flags: MountFlags
             ))
         })?
         .location();
+    if staged != *volume {
+        return Err(Error::FailedPrecondition(format!(
+            "{staging:?} holds another mount ({}:{:?}), not this volume; call NodeStageVolume first",
+            staged.dev, staged.root
+        )));
+    }
     let want_ro = read_only || flags.contains(MountFlags::RDONLY);
     ensure_mount_dir(target)?;
     if let Some(m) = table.at(target) {

@@ -62,7 +62,7 @@ fn bind_flags(cap: &Capability) -> Result<MountFlags> {
 
 fn dir_of(src: Source) -> PathBuf {
     match src {
-        Source::Directory(p) => p,
+        Source::Directory(p) | Source::Device(p) => p,
     }
 }
 
@@ -139,7 +139,7 @@ impl csi::node_server::Node for NodeService {
             let staging = self
                 .path("staging_target_path", &req.staging_target_path)
                 .await?;
-            let (id, _pool, vol) = self.driver.require("volume_id", &req.volume_id).await?;
+            let (id, pool, vol) = self.driver.require("volume_id", &req.volume_id).await?;
             let cap = node_capability(req.volume_capability.as_ref(), &vol)?;
             let flags = bind_flags(&cap)?;
             let read_only = req.readonly || cap.mode.read_only();
@@ -147,7 +147,13 @@ impl csi::node_server::Node for NodeService {
                 .driver
                 .locks
                 .try_lock(id.key.as_str(), &format!("volume {id}"))?;
-            blocking(move || nodeops::publish(&staging, &target, read_only, flags)).await?;
+            let src = dir_of(pool.source(&vol)?);
+            blocking(move || {
+                // The staging path must hold this volume, not whatever is there.
+                let want = nodeops::locate_dir(&src)?;
+                nodeops::publish(&staging, &target, &want, read_only, flags)
+            })
+            .await?;
             Ok(csi::NodePublishVolumeResponse {})
         })
         .await
@@ -274,12 +280,17 @@ impl csi::node_server::Node for NodeService {
             // on another node. Already that size (the usual case after a local
             // ControllerExpandVolume): nothing to do.
             let size = if range.required > vol.size_bytes {
-                let _guard = self.driver.locks.try_lock(id.key.as_str(), &format!("volume {id}"))?;
+                let _guard = self
+                    .driver
+                    .locks
+                    .try_lock(id.key.as_str(), &format!("volume {id}"))?;
                 pool.expand(&id, range).await?.size_bytes
             } else {
                 vol.size_bytes
             };
-            Ok(csi::NodeExpandVolumeResponse { capacity_bytes: to_i64(size) })
+            Ok(csi::NodeExpandVolumeResponse {
+                capacity_bytes: to_i64(size),
+            })
         })
         .await
     }
