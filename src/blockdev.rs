@@ -193,7 +193,11 @@ mod tests {
 
     fn has_cap_sys_resource() -> bool {
         let status = std::fs::read_to_string("/proc/self/status").unwrap();
-        let eff = status.lines().find_map(|l| l.strip_prefix("CapEff:")).unwrap().trim();
+        let eff = status
+            .lines()
+            .find_map(|l| l.strip_prefix("CapEff:"))
+            .unwrap()
+            .trim();
         u64::from_str_radix(eff, 16).unwrap() & (1 << 24) != 0
     }
 

@@ -41,13 +41,135 @@ pub struct Config {
 #[serde(tag = "type", rename_all = "lowercase")]
 pub enum PoolConfig {
     Dir(DirPoolConfig),
+    Lvm(LvmPoolConfig),
 }
 
 impl PoolConfig {
     pub fn name(&self) -> &PoolName {
         match self {
             PoolConfig::Dir(d) => &d.name,
+            PoolConfig::Lvm(l) => &l.name,
         }
+    }
+}
+
+/// An LVM pool: thick LVs from a volume group, or thin LVs from a thin pool.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct LvmPoolConfig {
+    pub name: PoolName,
+    pub volume_group: String,
+    /// Thin pool LV in the volume group; thick LVs when unset.
+    #[serde(default)]
+    pub thin_pool: Option<String>,
+    /// Thin pools: virtual size offered per byte of pool (default 1.0).
+    #[serde(default)]
+    pub overprovision_ratio: Option<f64>,
+    /// Space never handed out.
+    #[serde(default)]
+    pub reserve: ByteSize,
+    /// Extra `lvcreate` arguments for thick LVs (e.g. `["--type", "raid1", "-m", "1"]`).
+    #[serde(default)]
+    pub lvcreate_options: Vec<String>,
+    /// Bytes of VG space one byte of volume costs with those options (raid1: 2.0).
+    #[serde(default)]
+    pub capacity_overhead: Option<f64>,
+    /// Filesystem made on a new volume when the request names none.
+    #[serde(default = "default_fs")]
+    pub default_fs_type: String,
+    /// Size of a volume created without a capacity range.
+    #[serde(default)]
+    pub default_size: Option<ByteSize>,
+}
+
+fn default_fs() -> String {
+    "ext4".into()
+}
+
+/// Names LVM accepts for a VG or LV (`lvm(8)`): `[A-Za-z0-9+_.-]`, not starting with `-`.
+pub fn is_lvm_name(s: &str) -> bool {
+    !s.is_empty()
+        && s.len() <= 127
+        && !s.starts_with('-')
+        && s != "."
+        && s != ".."
+        && s.chars()
+            .all(|c| c.is_ascii_alphanumeric() || "+_.-".contains(c))
+}
+
+/// `lvcreate` options the driver sets itself and a pool may not override.
+const RESERVED_LVCREATE_OPTIONS: &[&str] = &[
+    "-n",
+    "--name",
+    "-L",
+    "--size",
+    "-l",
+    "--extents",
+    "-V",
+    "--virtualsize",
+    "-T",
+    "--thin",
+    "--thinpool",
+    "-s",
+    "--snapshot",
+    "--addtag",
+    "-a",
+    "--activate",
+    "-y",
+    "--yes",
+];
+
+impl LvmPoolConfig {
+    fn validate(&self) -> Result<()> {
+        let bad = |m: String| Err(Error::InvalidArgument(format!("pool {}: {m}", self.name)));
+        if !is_lvm_name(&self.volume_group) {
+            return bad(format!(
+                "volumeGroup {:?} is not a valid LVM name",
+                self.volume_group
+            ));
+        }
+        if let Some(t) = &self.thin_pool {
+            if !is_lvm_name(t) {
+                return bad(format!("thinPool {t:?} is not a valid LVM name"));
+            }
+        } else if self.overprovision_ratio.is_some() {
+            return bad("overprovisionRatio needs a thinPool".into());
+        }
+        if self
+            .overprovision_ratio
+            .is_some_and(|r| !(r >= 1.0 && r.is_finite()))
+        {
+            return bad("overprovisionRatio must be at least 1.0".into());
+        }
+        if self
+            .capacity_overhead
+            .is_some_and(|r| !(r >= 1.0 && r.is_finite()))
+        {
+            return bad("capacityOverhead must be at least 1.0".into());
+        }
+        if self.thin_pool.is_some() && !self.lvcreate_options.is_empty() {
+            return bad("lvcreateOptions apply to thick pools only".into());
+        }
+        for o in &self.lvcreate_options {
+            let flag = o.split('=').next().unwrap_or(o);
+            if RESERVED_LVCREATE_OPTIONS.contains(&flag) {
+                return bad(format!(
+                    "lvcreateOptions may not contain {o:?}: the driver sets it"
+                ));
+            }
+            if o.chars().any(|c| c.is_control()) {
+                return bad(format!(
+                    "lvcreateOptions entry {o:?} contains control characters"
+                ));
+            }
+        }
+        if !matches!(self.default_fs_type.as_str(), "ext4" | "xfs") {
+            return bad(format!(
+                "defaultFsType {:?} is not ext4 or xfs",
+                self.default_fs_type
+            ));
+        }
+        Ok(())
     }
 }
 
@@ -129,6 +251,7 @@ impl Config {
                 )));
             }
             match p {
+                PoolConfig::Lvm(l) => l.validate()?,
                 PoolConfig::Dir(d) => {
                     if !d.path.is_absolute() {
                         return Err(Error::InvalidArgument(format!(
@@ -180,12 +303,36 @@ mod tests {
         )
         .unwrap();
         assert_eq!(cfg.default_pool().as_str(), "b");
-        let PoolConfig::Dir(b) = &cfg.pools[1];
+        let PoolConfig::Dir(b) = &cfg.pools[1] else {
+            panic!()
+        };
         assert_eq!(b.reserve.0, 1 << 30);
         assert_eq!(b.capacity.unwrap().0, 10 << 30);
         assert_eq!(b.quota, QuotaMode::Required);
-        let PoolConfig::Dir(a) = &cfg.pools[0];
+        let PoolConfig::Dir(a) = &cfg.pools[0] else {
+            panic!()
+        };
         assert_eq!(a.quota, QuotaMode::Auto);
+    }
+
+    #[test]
+    fn parses_lvm_pools() {
+        let cfg = Config::from_yaml(
+            "pools:\n\
+             - {name: thick, type: lvm, volumeGroup: vg0, lvcreateOptions: [--type, raid1, -m, '1'], capacityOverhead: 2}\n\
+             - {name: thin, type: lvm, volumeGroup: vg0, thinPool: tp, overprovisionRatio: 4, defaultFsType: xfs}\n",
+        )
+        .unwrap();
+        let PoolConfig::Lvm(thick) = &cfg.pools[0] else {
+            panic!()
+        };
+        assert_eq!(thick.lvcreate_options, ["--type", "raid1", "-m", "1"]);
+        assert_eq!(thick.default_fs_type, "ext4");
+        let PoolConfig::Lvm(thin) = &cfg.pools[1] else {
+            panic!()
+        };
+        assert_eq!(thin.thin_pool.as_deref(), Some("tp"));
+        assert_eq!(thin.overprovision_ratio, Some(4.0));
     }
 
     #[test]

@@ -98,6 +98,8 @@ pub struct LvInfo {
     pub data_percent: Option<f64>,
     pub metadata_percent: Option<f64>,
     pub path: String,
+    /// Something holds the device open (a mount, a process, a holder device).
+    pub open: bool,
 }
 
 impl LvInfo {
@@ -164,6 +166,8 @@ struct RawLv {
     metadata_percent: String,
     #[serde(default)]
     lv_path: String,
+    #[serde(default)]
+    lv_device_open: String,
 }
 #[derive(Deserialize)]
 struct RawVg {
@@ -217,6 +221,7 @@ pub fn parse_lvs(json: &str) -> Result<Vec<LvInfo>, LvmError> {
                 pool_lv: l.pool_lv,
                 origin: l.origin,
                 path: l.lv_path,
+                open: l.lv_device_open == "open",
             })
         })
         .collect()

@@ -691,7 +691,9 @@ mod tests {
             pool.create(&req("a", 20 << 20)).await,
             Err(Error::AlreadyExists(_))
         ));
-        let Source::Directory(dir) = pool.source(&v).unwrap();
+        let Source::Directory(dir) = pool.source(&v).unwrap() else {
+            panic!("dir pools hand out directories")
+        };
         assert!(dir.is_dir());
         drop(pool);
         let again = DirPool::open(cfg(d.path(), QuotaMode::Off)).await.unwrap();
@@ -777,7 +779,9 @@ mod tests {
         let pool = DirPool::open(cfg(d.path(), QuotaMode::Off)).await.unwrap();
         let r = req("a", 1 << 20);
         let v = pool.create(&r).await.unwrap();
-        let Source::Directory(dir) = pool.source(&v).unwrap();
+        let Source::Directory(dir) = pool.source(&v).unwrap() else {
+            panic!("dir pools hand out directories")
+        };
         fs::create_dir_all(dir.join("x/y")).unwrap();
         fs::write(dir.join("x/y/z"), b"data").unwrap();
         pool.delete(&r.id).await.unwrap();

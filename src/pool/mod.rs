@@ -9,11 +9,13 @@ use std::sync::Arc;
 use async_trait::async_trait;
 use serde::{Deserialize, Serialize};
 
+use crate::blockdev::FsType;
 use crate::config::{Config, PoolConfig};
 use crate::error::{Error, Result};
 use crate::ids::{PoolName, VolumeId, VolumeName};
 
 pub mod dir;
+pub mod lvm;
 
 /// How a volume is consumed.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -110,6 +112,8 @@ pub struct Expanded {
 pub enum Source {
     /// A directory to bind-mount.
     Directory(PathBuf),
+    /// A block device: formatted and mounted, or handed over raw.
+    Device(PathBuf),
 }
 
 /// Usage of one volume when the backend knows it better than statvfs does.
@@ -129,6 +133,15 @@ pub trait Pool: Send + Sync {
     /// Short backend name for logs and `client capacity` (`dir`, `lvm`).
     fn backend(&self) -> &'static str;
     fn supports(&self, access: AccessType) -> bool;
+    /// Whether expansion happens in NodeExpandVolume (the node holds the
+    /// device) rather than in ControllerExpandVolume.
+    fn expands_on_node(&self) -> bool {
+        false
+    }
+    /// Filesystem for a mount volume whose capability names none.
+    fn default_fs_type(&self) -> Option<FsType> {
+        None
+    }
     /// Ready to serve (used by Probe).
     async fn check(&self) -> Result<()>;
     /// Creates the volume, or returns it when an identical request already did.
@@ -144,6 +157,10 @@ pub trait Pool: Send + Sync {
     fn source(&self, vol: &Volume) -> Result<Source>;
     /// The volume's own usage figures, when the backend enforces a size.
     async fn usage(&self, _vol: &Volume) -> Result<Option<Usage>> {
+        Ok(None)
+    }
+    /// Why the volume is unhealthy, as far as the backend can tell.
+    async fn condition(&self, _vol: &Volume) -> Result<Option<String>> {
         Ok(None)
     }
 }
@@ -164,6 +181,7 @@ impl Pools {
         for pc in &cfg.pools {
             let pool: Arc<dyn Pool> = match pc {
                 PoolConfig::Dir(d) => Arc::new(dir::DirPool::open(d.clone()).await?),
+                PoolConfig::Lvm(l) => Arc::new(lvm::LvmPool::open(l.clone()).await?),
             };
             tracing::info!(pool = %pc.name(), backend = pool.backend(), "pool opened");
             order.push(pc.name().clone());
