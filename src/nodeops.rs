@@ -5,15 +5,26 @@
 //! Directory volumes: stage = bind the volume directory onto the staging path;
 //! publish = bind the staging path onto the target (then remount for `ro` and
 //! other flags, which the kernel ignores on the first bind).
+//!
+//! Device volumes with a filesystem: stage = mount the device on the staging
+//! path (the caller formats it first if, and only if, it is blank); publish as
+//! above. Raw block volumes: nothing to stage; publish = bind the device node
+//! onto a file at the target path.
+//!
+//! Every mount is recognised by its [`Location`] (device and in-filesystem
+//! path), so a step is OK when already done with the same volume and refused
+//! when something else is there.
 
 use std::fs;
 use std::io::ErrorKind;
-use std::path::Path;
+use std::os::unix::fs::{FileTypeExt, MetadataExt};
+use std::path::{Path, PathBuf};
 
 use sys_mount::MountFlags;
 
 use crate::error::{Error, IoContext, Result};
 use crate::mount::{self, Location, MountTable};
+use crate::pool::{AccessType, Source};
 
 /// How many stacked mounts an unmount loop removes before it gives up.
 const MAX_STACKED: usize = 16;
@@ -32,6 +43,130 @@ pub fn locate_dir(src: &Path) -> Result<Location> {
     MountTable::read()?
         .locate(src)
         .ok_or_else(|| Error::Internal(format!("no mount holds {src:?}")))
+}
+
+/// The device node behind a device path (following `/dev/<vg>/<lv>` symlinks),
+/// checked to be a block device.
+fn block_device(dev: &Path) -> Result<(PathBuf, fs::Metadata)> {
+    let real = fs::canonicalize(dev).map_err(|e| match e.kind() {
+        ErrorKind::NotFound => Error::NotFound(format!("device {dev:?} is missing")),
+        _ => Error::io(format!("resolving {dev:?}"), e),
+    })?;
+    let md = fs::metadata(&real).ctx(|| format!("inspecting {real:?}"))?;
+    if !md.file_type().is_block_device() {
+        return Err(Error::FailedPrecondition(format!(
+            "{dev:?} is not a block device"
+        )));
+    }
+    Ok((real, md))
+}
+
+/// What a mount of this volume looks like in the mount table: for a directory,
+/// the directory's location; for a device's filesystem, the device's
+/// `major:minor` and `/`; for a raw block volume, the device node's location.
+pub fn volume_location(src: &Source, access: AccessType) -> Result<Location> {
+    match (src, access) {
+        (Source::Directory(p), _) => locate_dir(p),
+        (Source::Device(dev), AccessType::Mount) => {
+            let (_, md) = block_device(dev)?;
+            let rdev = md.rdev();
+            Ok(Location {
+                dev: format!("{}:{}", libc::major(rdev), libc::minor(rdev)),
+                root: PathBuf::from("/"),
+            })
+        }
+        (Source::Device(dev), AccessType::Block) => {
+            let (real, _) = block_device(dev)?;
+            MountTable::read()?
+                .locate(&real)
+                .ok_or_else(|| Error::Internal(format!("no mount holds {real:?}")))
+        }
+    }
+}
+
+/// Whether `staging` already holds the device's filesystem. Something else
+/// there is ALREADY_EXISTS.
+pub fn is_staged(staging: &Path, want: &Location) -> Result<bool> {
+    match MountTable::read()?.at(staging) {
+        None => Ok(false),
+        Some(m) if m.location() == *want => Ok(true),
+        Some(m) => Err(Error::AlreadyExists(format!(
+            "staging path {staging:?} already has another mount ({}:{:?})",
+            m.dev, m.root
+        ))),
+    }
+}
+
+/// Mounts a device's filesystem on `staging` (the caller made sure it has
+/// one). Already mounted there: OK.
+pub fn stage_device(
+    dev: &Path,
+    staging: &Path,
+    fs_type: &str,
+    flags: MountFlags,
+    data: &str,
+) -> Result<()> {
+    let want = volume_location(&Source::Device(dev.to_path_buf()), AccessType::Mount)?;
+    ensure_mount_dir(staging)?;
+    if is_staged(staging, &want)? {
+        return Ok(());
+    }
+    mount::mount_device(dev, staging, fs_type, flags, data)
+}
+
+/// The filesystem type of the mount at `path`, if any.
+pub fn fs_type_at(path: &Path) -> Result<Option<String>> {
+    Ok(MountTable::read()?.at(path).map(|m| m.fs_type.clone()))
+}
+
+/// Binds a raw block device onto a file at `target` (created empty if missing,
+/// as the spec asks of the plugin). Already bound from this device: OK.
+pub fn publish_block(dev: &Path, target: &Path, read_only: bool) -> Result<()> {
+    let (real, _) = block_device(dev)?;
+    let table = MountTable::read()?;
+    let want = table
+        .locate(&real)
+        .ok_or_else(|| Error::Internal(format!("no mount holds {real:?}")))?;
+    match fs::symlink_metadata(target) {
+        Ok(md) if md.is_file() => {}
+        Ok(_) => {
+            return Err(Error::FailedPrecondition(format!(
+                "target path {target:?} exists and is not a regular file"
+            )))
+        }
+        Err(e) if e.kind() == ErrorKind::NotFound => {
+            fs::OpenOptions::new()
+                .write(true)
+                .create_new(true)
+                .open(target)
+                .map_err(|e| match e.kind() {
+                    ErrorKind::NotFound => Error::FailedPrecondition(format!(
+                        "the parent directory of {target:?} does not exist"
+                    )),
+                    _ => Error::io(format!("creating {target:?}"), e),
+                })?;
+        }
+        Err(e) => return Err(Error::io(format!("inspecting {target:?}"), e)),
+    }
+    if let Some(m) = table.at(target) {
+        if m.location() == want && m.read_only == read_only {
+            return Ok(());
+        }
+        return Err(Error::AlreadyExists(format!(
+            "target path {target:?} already has another mount ({}:{:?}, read-only {})",
+            m.dev, m.root, m.read_only
+        )));
+    }
+    let flags = if read_only {
+        MountFlags::RDONLY
+    } else {
+        MountFlags::empty()
+    };
+    if let Err(e) = mount::bind(&real, target, flags) {
+        let _ = fs::remove_file(target);
+        return Err(e);
+    }
+    Ok(())
 }
 
 /// Creates the directory a mount goes on; its parent must exist.

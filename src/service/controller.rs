@@ -385,7 +385,23 @@ impl csi::controller_server::Controller for ControllerService {
                 .driver
                 .locks
                 .try_lock(id.key.as_str(), &format!("volume {id}"))?;
-            let r = pool.expand(&id, range).await?;
+            let r = if pool.expands_on_node() {
+                // The node that holds the device extends it in NodeExpandVolume
+                // (so a central resizer works); here only the request is checked.
+                let (_, _, vol) = self.driver.require("volume_id", &req.volume_id).await?;
+                if range.required < vol.size_bytes && !range.admits(vol.size_bytes) {
+                    return Err(Error::OutOfRange(format!(
+                        "volume {id} is {} bytes; shrinking is not supported",
+                        vol.size_bytes
+                    )));
+                }
+                crate::pool::Expanded {
+                    size_bytes: range.required.max(vol.size_bytes),
+                    node_expansion_required: true,
+                }
+            } else {
+                pool.expand(&id, range).await?
+            };
             Ok(csi::ControllerExpandVolumeResponse {
                 capacity_bytes: to_i64(r.size_bytes),
                 node_expansion_required: r.node_expansion_required,

@@ -6,14 +6,15 @@ use std::sync::Arc;
 use tonic::{Request, Response, Status};
 
 use super::{decode_capability, rpc, to_i64, Capability, Driver};
+use crate::blockdev::{self, Content, FsType};
 use crate::csi;
 use crate::csi::node_service_capability::{rpc::Type as RpcType, Rpc, Type as CapType};
 use crate::error::{blocking, Error, Result};
 use crate::fsutil;
-use crate::ids::check_text;
-use crate::mount::parse_bind_flag;
+use crate::ids::{check_text, truncate};
+use crate::mount::{parse_bind_flag, Location};
 use crate::nodeops;
-use crate::pool::{Source, Volume};
+use crate::pool::{AccessType, Pool, Source, Volume};
 use sys_mount::MountFlags;
 
 pub struct NodeService {
@@ -47,22 +48,84 @@ fn node_capability(c: Option<&csi::VolumeCapability>, vol: &Volume) -> Result<Ca
     Ok(cap)
 }
 
-/// Mount flags a directory volume accepts: per-mount flags only.
-fn bind_flags(cap: &Capability) -> Result<MountFlags> {
-    let mut flags = MountFlags::empty();
-    for f in &cap.mount_flags {
-        flags |= parse_bind_flag(f).ok_or_else(|| {
-            Error::InvalidArgument(format!(
-                "mount flag {f:?} is not supported for directory volumes (use ro, nosuid, nodev, noexec, noatime, nodiratime, relatime, strictatime)"
-            ))
-        })?;
-    }
-    Ok(flags)
+/// Mount flags split into per-mount flags and filesystem options. Directory
+/// volumes take per-mount flags only (they are bind mounts).
+struct MountOptions {
+    flags: MountFlags,
+    data: Vec<String>,
 }
 
-fn dir_of(src: Source) -> PathBuf {
-    match src {
-        Source::Directory(p) | Source::Device(p) => p,
+fn mount_options(cap: &Capability, src: &Source) -> Result<MountOptions> {
+    let mut out = MountOptions {
+        flags: MountFlags::empty(),
+        data: Vec::new(),
+    };
+    for f in &cap.mount_flags {
+        if let Some(flag) = parse_bind_flag(f) {
+            out.flags |= flag;
+            continue;
+        }
+        match src {
+            Source::Directory(_) => {
+                return Err(Error::InvalidArgument(format!(
+                    "mount flag {:?} is not supported for directory volumes (use ro, nosuid, nodev, noexec, noatime, nodiratime, relatime, strictatime)",
+                    truncate(f)
+                )))
+            }
+            Source::Device(_) => {
+                if !f.chars().all(|c| c.is_ascii_alphanumeric() || "_.=:/+-".contains(c)) {
+                    return Err(Error::InvalidArgument(format!("invalid mount option {:?}", truncate(f))));
+                }
+                out.data.push(f.clone());
+            }
+        }
+    }
+    Ok(out)
+}
+
+/// Where this volume's data is and how its mounts show in the mount table.
+async fn locate(pool: &Arc<dyn Pool>, vol: &Volume) -> Result<(Source, Location)> {
+    let src = pool.source(vol)?;
+    let (s, access) = (src.clone(), vol.access_type);
+    let loc = blocking(move || nodeops::volume_location(&s, access)).await?;
+    Ok((src, loc))
+}
+
+/// Picks the filesystem for a device volume and creates it if the device is
+/// blank. Existing data is never reformatted: a filesystem already there is
+/// used as it is, and a request for another type is refused.
+async fn prepare_filesystem(
+    dev: &std::path::Path,
+    cap: &Capability,
+    default: Option<FsType>,
+) -> Result<FsType> {
+    let requested = match cap.fs_type.as_str() {
+        "" => None,
+        t => Some(FsType::parse(t)?),
+    };
+    match blockdev::probe(dev).await? {
+        Content::Empty => {
+            let fs = requested.or(default).unwrap_or(FsType::Ext4);
+            blockdev::make_fs(dev, fs).await?;
+            Ok(fs)
+        }
+        Content::Filesystem(t) => {
+            let found = FsType::parse(&t).map_err(|_| {
+                Error::FailedPrecondition(format!(
+                    "{dev:?} holds a {t} filesystem, which this driver does not mount"
+                ))
+            })?;
+            if requested.is_some_and(|r| r != found) {
+                return Err(Error::FailedPrecondition(format!(
+                    "{dev:?} already holds {t}; the request asks for {}: not reformatting",
+                    cap.fs_type
+                )));
+            }
+            Ok(found)
+        }
+        Content::Other(what) => Err(Error::FailedPrecondition(format!(
+            "{dev:?} holds {what}; not formatting or mounting it"
+        ))),
     }
 }
 
@@ -85,13 +148,40 @@ impl csi::node_server::Node for NodeService {
             }
             let (id, pool, vol) = self.driver.require("volume_id", &req.volume_id).await?;
             let cap = node_capability(req.volume_capability.as_ref(), &vol)?;
-            bind_flags(&cap)?;
+            let src = pool.source(&vol)?;
+            let opts = mount_options(&cap, &src)?;
             let _guard = self
                 .driver
                 .locks
                 .try_lock(id.key.as_str(), &format!("volume {id}"))?;
-            let src = dir_of(pool.source(&vol)?);
-            blocking(move || nodeops::stage_dir(&src, &staging)).await?;
+            match (src, vol.access_type) {
+                (Source::Directory(dir), _) => {
+                    blocking(move || nodeops::stage_dir(&dir, &staging)).await?;
+                }
+                // Raw block volumes are published straight from the device.
+                (Source::Device(_), AccessType::Block) => {}
+                (Source::Device(dev), AccessType::Mount) => {
+                    let (d, st) = (dev.clone(), staging.clone());
+                    let want = blocking(move || {
+                        nodeops::volume_location(&Source::Device(d), AccessType::Mount)
+                    })
+                    .await?;
+                    let w = want.clone();
+                    if blocking(move || nodeops::is_staged(&st, &w)).await? {
+                        return Ok(csi::NodeStageVolumeResponse {});
+                    }
+                    let fs = prepare_filesystem(&dev, &cap, pool.default_fs_type()).await?;
+                    let mut data = opts.data;
+                    if !fs.default_mount_data().is_empty() {
+                        data.push(fs.default_mount_data().to_owned());
+                    }
+                    let data = data.join(",");
+                    blocking(move || {
+                        nodeops::stage_device(&dev, &staging, fs.as_str(), opts.flags, &data)
+                    })
+                    .await?;
+                }
+            }
             Ok(csi::NodeStageVolumeResponse {})
         })
         .await
@@ -112,12 +202,8 @@ impl csi::node_server::Node for NodeService {
                 .driver
                 .locks
                 .try_lock(id.key.as_str(), &format!("volume {id}"))?;
-            let src = dir_of(pool.source(&vol)?);
-            blocking(move || {
-                let loc = nodeops::locate_dir(&src).ok();
-                nodeops::unstage(&staging, loc.as_ref())
-            })
-            .await?;
+            let expected = locate(&pool, &vol).await.ok().map(|(_, loc)| loc);
+            blocking(move || nodeops::unstage(&staging, expected.as_ref())).await?;
             Ok(csi::NodeUnstageVolumeResponse {})
         })
         .await
@@ -136,22 +222,32 @@ impl csi::node_server::Node for NodeService {
                     "volume_capability is required".into(),
                 ));
             }
+            let (id, pool, vol) = self.driver.require("volume_id", &req.volume_id).await?;
+            let cap = node_capability(req.volume_capability.as_ref(), &vol)?;
+            let src = pool.source(&vol)?;
+            let opts = mount_options(&cap, &src)?;
+            let read_only = req.readonly || cap.mode.read_only();
+            if let (Source::Device(dev), AccessType::Block) = (&src, vol.access_type) {
+                let dev = dev.clone();
+                let _guard = self
+                    .driver
+                    .locks
+                    .try_lock(id.key.as_str(), &format!("volume {id}"))?;
+                blocking(move || nodeops::publish_block(&dev, &target, read_only)).await?;
+                return Ok(csi::NodePublishVolumeResponse {});
+            }
             let staging = self
                 .path("staging_target_path", &req.staging_target_path)
                 .await?;
-            let (id, pool, vol) = self.driver.require("volume_id", &req.volume_id).await?;
-            let cap = node_capability(req.volume_capability.as_ref(), &vol)?;
-            let flags = bind_flags(&cap)?;
-            let read_only = req.readonly || cap.mode.read_only();
             let _guard = self
                 .driver
                 .locks
                 .try_lock(id.key.as_str(), &format!("volume {id}"))?;
-            let src = dir_of(pool.source(&vol)?);
+            let access = vol.access_type;
             blocking(move || {
                 // The staging path must hold this volume, not whatever is there.
-                let want = nodeops::locate_dir(&src)?;
-                nodeops::publish(&staging, &target, &want, read_only, flags)
+                let want = nodeops::volume_location(&src, access)?;
+                nodeops::publish(&staging, &target, &want, read_only, opts.flags)
             })
             .await?;
             Ok(csi::NodePublishVolumeResponse {})
@@ -188,12 +284,8 @@ impl csi::node_server::Node for NodeService {
                 .driver
                 .locks
                 .try_lock(id.key.as_str(), &format!("volume {id}"))?;
-            let src = dir_of(pool.source(&vol)?);
-            blocking(move || {
-                let loc = nodeops::locate_dir(&src).ok();
-                nodeops::unpublish(&target, loc.as_ref())
-            })
-            .await?;
+            let expected = locate(&pool, &vol).await.ok().map(|(_, loc)| loc);
+            blocking(move || nodeops::unpublish(&target, expected.as_ref())).await?;
             Ok(csi::NodeUnpublishVolumeResponse {})
         })
         .await
@@ -208,45 +300,72 @@ impl csi::node_server::Node for NodeService {
             check_text("volume_id", &req.volume_id)?;
             let path = self.path("volume_path", &req.volume_path).await?;
             let (_, pool, vol) = self.driver.require("volume_id", &req.volume_id).await?;
-            let src = dir_of(pool.source(&vol)?);
-            let usage = pool.usage(&vol).await?;
             let p = path.clone();
-            let (stats, condition) = blocking(move || {
-                if std::fs::symlink_metadata(&p).is_err() {
-                    return Err(Error::NotFound(format!("volume_path {p:?} does not exist")));
-                }
-                let condition = match nodeops::locate_dir(&src) {
-                    Err(e) => Some(e.to_string()),
-                    Ok(loc) if !nodeops::is_mount_of(&p, &loc)? => Some(format!(
-                        "{p:?} is not a mount of the volume directory {src:?}"
-                    )),
-                    Ok(_) => None,
-                };
-                Ok((fsutil::fs_stats(&p)?, condition))
+            blocking(move || {
+                std::fs::symlink_metadata(&p)
+                    .map(|_| ())
+                    .map_err(|_| Error::NotFound(format!("volume_path {p:?} does not exist")))
             })
             .await?;
-            let (bytes, inodes) = match usage {
-                Some(u) => (
-                    (u.available_bytes, u.total_bytes, u.used_bytes),
-                    (u.free_inodes, u.total_inodes, u.used_inodes),
-                ),
-                None => (
-                    (stats.available_bytes, stats.total_bytes, stats.used_bytes),
-                    (stats.free_inodes, stats.total_inodes, stats.used_inodes),
-                ),
+            let usage = pool.usage(&vol).await?;
+            let mut condition = pool.condition(&vol).await?;
+            if condition.is_none() {
+                condition = match locate(&pool, &vol).await {
+                    Err(e) => Some(e.to_string()),
+                    Ok((_, loc)) => {
+                        let p = path.clone();
+                        let mounted = blocking(move || nodeops::is_mount_of(&p, &loc)).await?;
+                        (!mounted).then(|| format!("{path:?} is not a mount of this volume"))
+                    }
+                };
+            }
+            let block = vol.access_type == AccessType::Block;
+            let stats = if block {
+                None
+            } else {
+                let p = path.clone();
+                Some(blocking(move || fsutil::fs_stats(&p)).await?)
             };
-            let usage = |(available, total, used): (u64, u64, u64),
-                         unit: csi::volume_usage::Unit| csi::VolumeUsage {
-                available: to_i64(available),
-                total: to_i64(total),
-                used: to_i64(used),
-                unit: unit as i32,
+            let entry = |(available, total, used): (u64, u64, u64),
+                         unit: csi::volume_usage::Unit| {
+                csi::VolumeUsage {
+                    available: to_i64(available),
+                    total: to_i64(total),
+                    used: to_i64(used),
+                    unit: unit as i32,
+                }
+            };
+            let usage = match (usage, stats) {
+                (Some(u), _) if block => {
+                    vec![entry((0, u.total_bytes, 0), csi::volume_usage::Unit::Bytes)]
+                }
+                (Some(u), _) => vec![
+                    entry(
+                        (u.available_bytes, u.total_bytes, u.used_bytes),
+                        csi::volume_usage::Unit::Bytes,
+                    ),
+                    entry(
+                        (u.free_inodes, u.total_inodes, u.used_inodes),
+                        csi::volume_usage::Unit::Inodes,
+                    ),
+                ],
+                (None, Some(s)) => vec![
+                    entry(
+                        (s.available_bytes, s.total_bytes, s.used_bytes),
+                        csi::volume_usage::Unit::Bytes,
+                    ),
+                    entry(
+                        (s.free_inodes, s.total_inodes, s.used_inodes),
+                        csi::volume_usage::Unit::Inodes,
+                    ),
+                ],
+                (None, None) => vec![entry(
+                    (0, vol.size_bytes, 0),
+                    csi::volume_usage::Unit::Bytes,
+                )],
             };
             Ok(csi::NodeGetVolumeStatsResponse {
-                usage: vec![
-                    usage(bytes, csi::volume_usage::Unit::Bytes),
-                    usage(inodes, csi::volume_usage::Unit::Inodes),
-                ],
+                usage,
                 volume_condition: Some(csi::VolumeCondition {
                     abnormal: condition.is_some(),
                     message: condition.unwrap_or_else(|| "volume is healthy".into()),
@@ -264,30 +383,48 @@ impl csi::node_server::Node for NodeService {
         rpc("NodeExpandVolume", &req.volume_id, async {
             check_text("volume_id", &req.volume_id)?;
             let path = self.path("volume_path", &req.volume_path).await?;
+            let staging = match req.staging_target_path.as_str() {
+                "" => None,
+                s => Some(self.path("staging_target_path", s).await?),
+            };
             let range = super::controller::decode_range(req.capacity_range.as_ref())?;
             let (id, pool, vol) = self.driver.require("volume_id", &req.volume_id).await?;
             if let Some(c) = req.volume_capability.as_ref() {
                 node_capability(Some(c), &vol)?;
             }
+            let p = path.clone();
             blocking(move || {
-                std::fs::symlink_metadata(&path)
+                std::fs::symlink_metadata(&p)
                     .map(|_| ())
-                    .map_err(|_| Error::NotFound(format!("volume_path {path:?} does not exist")))
+                    .map_err(|_| Error::NotFound(format!("volume_path {p:?} does not exist")))
             })
             .await?;
+            let _guard = self
+                .driver
+                .locks
+                .try_lock(id.key.as_str(), &format!("volume {id}"))?;
             // The volume lives here, so the node applies the size: this is what
             // makes a central resizer work, whose ControllerExpandVolume may run
-            // on another node. Already that size (the usual case after a local
-            // ControllerExpandVolume): nothing to do.
-            let size = if range.required > vol.size_bytes {
-                let _guard = self
-                    .driver
-                    .locks
-                    .try_lock(id.key.as_str(), &format!("volume {id}"))?;
+            // on another node.
+            let size = if range.required > vol.size_bytes || pool.expands_on_node() {
                 pool.expand(&id, range).await?.size_bytes
             } else {
                 vol.size_bytes
             };
+            // Device volumes with a filesystem: grow it online to the new size.
+            if let (Source::Device(dev), AccessType::Mount) = (pool.source(&vol)?, vol.access_type)
+            {
+                let mount_point = staging.unwrap_or(path);
+                let mp = mount_point.clone();
+                let fs = blocking(move || nodeops::fs_type_at(&mp))
+                    .await?
+                    .ok_or_else(|| {
+                        Error::FailedPrecondition(format!(
+                            "{mount_point:?} is not mounted; stage the volume first"
+                        ))
+                    })?;
+                blockdev::grow_fs(&dev, &mount_point, FsType::parse(&fs)?).await?;
+            }
             Ok(csi::NodeExpandVolumeResponse {
                 capacity_bytes: to_i64(size),
             })
