@@ -74,7 +74,17 @@ impl VolumeName {
     /// The hex key every volume with this name gets, in whichever pool: it is also
     /// the key of the per-volume lock, so two requests for one name never run at once.
     pub fn key(&self) -> VolumeKey {
-        let digest = Sha256::digest(format!("localvol-volume\0{}", self.0).as_bytes());
+        self.salted_key("localvol-volume")
+    }
+
+    /// The key of a snapshot with this name: snapshots and volumes have their
+    /// own name spaces, so the same name never collides across them.
+    pub fn snapshot_key(&self) -> VolumeKey {
+        self.salted_key("localvol-snapshot")
+    }
+
+    fn salted_key(&self, salt: &str) -> VolumeKey {
+        let digest = Sha256::digest(format!("{salt}\0{}", self.0).as_bytes());
         let mut hex = String::with_capacity(KEY_HEX_LEN);
         for b in &digest[..KEY_HEX_LEN / 2] {
             hex.push_str(&format!("{b:02x}"));
@@ -227,6 +237,16 @@ mod tests {
         let b = VolumeId::new(PoolName::parse("two").unwrap(), &name);
         assert_eq!(a.key, b.key);
         assert_ne!(a, b);
+    }
+
+    #[test]
+    fn snapshot_keys_differ_from_volume_keys() {
+        let name = VolumeName::parse("same").unwrap();
+        assert_ne!(name.key(), name.snapshot_key());
+        assert_eq!(
+            name.snapshot_key(),
+            VolumeName::parse("same").unwrap().snapshot_key()
+        );
     }
 
     #[test]

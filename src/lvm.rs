@@ -100,6 +100,8 @@ pub struct LvInfo {
     pub path: String,
     /// Something holds the device open (a mount, a process, a holder device).
     pub open: bool,
+    /// Creation time, seconds since the epoch (0 when lvm did not say).
+    pub created_unix: u64,
 }
 
 impl LvInfo {
@@ -168,6 +170,8 @@ struct RawLv {
     lv_path: String,
     #[serde(default)]
     lv_device_open: String,
+    #[serde(default)]
+    lv_time: String,
 }
 #[derive(Deserialize)]
 struct RawVg {
@@ -202,6 +206,40 @@ fn tags(v: &str) -> Vec<String> {
         .collect()
 }
 
+/// Parses lvm's `lv_time` (`2026-11-22 03:05:21 +0000`) into Unix seconds.
+pub fn parse_lv_time(s: &str) -> Option<u64> {
+    let mut parts = s.split_whitespace();
+    let (date, time, zone) = (
+        parts.next()?,
+        parts.next()?,
+        parts.next().unwrap_or("+0000"),
+    );
+    let d: Vec<i64> = date
+        .split('-')
+        .map(|x| x.parse().ok())
+        .collect::<Option<_>>()?;
+    let t: Vec<i64> = time
+        .split(':')
+        .map(|x| x.parse().ok())
+        .collect::<Option<_>>()?;
+    if d.len() != 3 || t.len() != 3 || zone.len() != 5 {
+        return None;
+    }
+    let (y, m, day) = (d[0], d[1], d[2]);
+    // Days from 1970-01-01 to the civil date (proleptic Gregorian).
+    let y2 = if m <= 2 { y - 1 } else { y };
+    let era = y2.div_euclid(400);
+    let yoe = y2 - era * 400;
+    let mp = (m + 9) % 12;
+    let doy = (153 * mp + 2) / 5 + day - 1;
+    let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
+    let days = era * 146_097 + doe - 719_468;
+    let sign = if zone.starts_with('-') { -1 } else { 1 };
+    let off =
+        sign * (zone[1..3].parse::<i64>().ok()? * 3600 + zone[3..5].parse::<i64>().ok()? * 60);
+    u64::try_from(days * 86_400 + t[0] * 3600 + t[1] * 60 + t[2] - off).ok()
+}
+
 /// Parses `lvs --reportformat json --units b --nosuffix` output.
 pub fn parse_lvs(json: &str) -> Result<Vec<LvInfo>, LvmError> {
     let r: Report<LvSection> =
@@ -222,6 +260,7 @@ pub fn parse_lvs(json: &str) -> Result<Vec<LvInfo>, LvmError> {
                 origin: l.origin,
                 path: l.lv_path,
                 open: l.lv_device_open == "open",
+                created_unix: parse_lv_time(&l.lv_time).unwrap_or(0),
             })
         })
         .collect()
@@ -435,6 +474,25 @@ mod tests {
         ))
         .into();
         assert!(matches!(e, Error::ResourceExhausted(_)));
+    }
+
+    #[test]
+    fn parses_lv_time() {
+        assert_eq!(parse_lv_time("1970-01-01 00:00:00 +0000"), Some(0));
+        assert_eq!(
+            parse_lv_time("2026-11-22 03:05:21 +0000"),
+            Some(1_795_316_721)
+        );
+        assert_eq!(
+            parse_lv_time("2026-11-22 04:05:21 +0100"),
+            Some(1_795_316_721)
+        );
+        assert_eq!(
+            parse_lv_time("2000-02-29 12:00:00 -0230"),
+            Some(951_834_600)
+        );
+        assert_eq!(parse_lv_time(""), None);
+        assert_eq!(parse_lv_time("yesterday"), None);
     }
 
     #[test]

@@ -454,6 +454,7 @@ impl Pool for DirPool {
             parameters: req.parameters.clone(),
             project_id,
             inode_limit: req.inode_limit,
+            grow_filesystem: false,
         };
         let (record, rec) = (self.record_path(&key), vol.clone());
         let res = blocking(move || {
@@ -671,6 +672,7 @@ mod tests {
     fn req(name: &str, required: u64) -> CreateRequest {
         let name = VolumeName::parse(name).unwrap();
         CreateRequest {
+            source: None,
             id: VolumeId::new(PoolName::parse("p").unwrap(), &name),
             name,
             range: CapacityRange { required, limit: 0 },

@@ -13,7 +13,8 @@ use std::path::PathBuf;
 use async_trait::async_trait;
 
 use super::{
-    AccessType, Capacity, CapacityRange, CreateRequest, Expanded, Pool, Source, Usage, Volume,
+    AccessType, Capacity, CapacityRange, ContentSource, CreateRequest, Expanded, Pool, Snapshot,
+    SnapshotRequest, Source, Usage, Volume,
 };
 use crate::blockdev::FsType;
 use crate::config::{LvmPoolConfig, DEFAULT_VOLUME_SIZE};
@@ -25,6 +26,18 @@ const TAG_OWNER: &str = "localvol";
 const TAG_POOL: &str = "localvol.pool";
 const TAG_NAME: &str = "localvol.name";
 const TAG_ACCESS: &str = "localvol.access";
+/// `volume` or `snapshot` (LVs without it are volumes).
+const TAG_KIND: &str = "localvol.kind";
+/// Snapshots: id of the volume they copy. Volumes: the snapshot or volume they
+/// were created from.
+const TAG_SOURCE: &str = "localvol.source";
+/// Snapshots: size of the source volume when taken.
+const TAG_SIZE: &str = "localvol.size";
+/// A thick volume whose copy from its source has not finished: it stays
+/// invisible until a (retried) create completes the copy.
+const TAG_RESTORING: &str = "localvol.restoring";
+/// The volume's filesystem is smaller than the LV (restored into a larger one).
+const TAG_GROW: &str = "localvol.grow";
 /// A thin pool fuller than this makes its volumes' condition abnormal.
 const THIN_FULL_PERCENT: f64 = 90.0;
 
@@ -46,6 +59,10 @@ pub struct LvmPool {
 
 fn lv_name(key: &VolumeKey) -> String {
     format!("lv-{key}")
+}
+
+fn snap_lv_name(key: &VolumeKey) -> String {
+    format!("sn-{key}")
 }
 
 impl LvmPool {
@@ -79,7 +96,7 @@ impl LvmPool {
 
     /// The volume an LV of this pool represents (None for other LVs).
     fn to_volume(&self, lv: &LvInfo) -> Option<Volume> {
-        if !self.is_ours(lv) {
+        if !self.is_ours(lv) || lv.has_tag(TAG_RESTORING) {
             return None;
         }
         let key = VolumeKey::parse(lv.name.strip_prefix("lv-")?)?;
@@ -103,7 +120,221 @@ impl LvmPool {
             parameters: Default::default(),
             project_id: None,
             inode_limit: None,
+            grow_filesystem: lv.has_tag(TAG_GROW),
         })
+    }
+
+    /// The snapshot an LV of this pool represents (None for other LVs).
+    fn to_snapshot(&self, lv: &LvInfo) -> Option<Snapshot> {
+        if !self.is_ours(lv) || lv.tag_value(TAG_KIND) != Some("snapshot") {
+            return None;
+        }
+        let key = VolumeKey::parse(lv.name.strip_prefix("sn-")?)?;
+        Some(Snapshot {
+            id: VolumeId {
+                pool: self.name.clone(),
+                key,
+            }
+            .to_string(),
+            name: lvm::decode_tag_value(lv.tag_value(TAG_NAME)?)?,
+            source_volume_id: lv.tag_value(TAG_SOURCE)?.to_owned(),
+            size_bytes: lv.tag_value(TAG_SIZE)?.parse().ok()?,
+            created_unix: lv.created_unix,
+        })
+    }
+
+    fn tags(&self, kind: &str, name: &str, access: AccessType) -> Vec<String> {
+        let access = match access {
+            AccessType::Block => "block",
+            AccessType::Mount => "mount",
+        };
+        vec![
+            TAG_OWNER.to_owned(),
+            format!("{TAG_POOL}={}", self.name),
+            format!("{TAG_KIND}={kind}"),
+            format!("{TAG_NAME}={}", lvm::encode_tag_value(name)),
+            format!("{TAG_ACCESS}={access}"),
+        ]
+    }
+
+    fn lv_path(&self, lv: &str) -> String {
+        format!("{}/{lv}", self.vg)
+    }
+
+    /// The LV holding a content source, and the size of the data it holds.
+    async fn source_lv(&self, src: &ContentSource) -> Result<(LvInfo, u64)> {
+        match src {
+            ContentSource::Snapshot(id) => {
+                let lv = lvm::lv(&self.vg, &snap_lv_name(&id.key)).await?;
+                let snap = lv.as_ref().and_then(|l| self.to_snapshot(l));
+                match (lv, snap) {
+                    (Some(lv), Some(snap)) => Ok((lv, snap.size_bytes)),
+                    _ => Err(Error::NotFound(format!("snapshot {id} does not exist"))),
+                }
+            }
+            ContentSource::Volume(id) => {
+                let lv = self.lookup(&id.key).await?;
+                match lv.filter(|l| self.to_volume(l).is_some()) {
+                    Some(lv) => {
+                        let size = lv.size;
+                        Ok((lv, size))
+                    }
+                    None => Err(Error::NotFound(format!(
+                        "source volume {id} does not exist"
+                    ))),
+                }
+            }
+        }
+    }
+
+    /// Creates a volume from a snapshot or another volume. Thin pools: a thin
+    /// snapshot of the source (instant, shares blocks). Thick pools: a new LV
+    /// and a block copy of the source into it, marked `restoring` until the
+    /// copy is complete, so a crash mid-copy is redone by the retried create.
+    async fn create_from(&self, req: &CreateRequest, src: &ContentSource) -> Result<Volume> {
+        let (src_lv, src_size) = self.source_lv(src).await?;
+        if req.range.limit > 0 && req.range.limit < src_size {
+            return Err(Error::OutOfRange(format!(
+                "limit_bytes {} is smaller than the source ({src_size} bytes)",
+                req.range.limit
+            )));
+        }
+        if req.range.required > 0 && req.range.required < src_size {
+            return Err(Error::OutOfRange(format!(
+                "required_bytes {} is smaller than the source ({src_size} bytes)",
+                req.range.required
+            )));
+        }
+        let size = if req.range.required == 0 {
+            src_size
+        } else {
+            self.size_for(req.range).await?
+        };
+        let name = lv_name(&req.id.key);
+        let source_tag = format!(
+            "{TAG_SOURCE}={}",
+            match src {
+                ContentSource::Snapshot(id) | ContentSource::Volume(id) => id.to_string(),
+            }
+        );
+        let existing = self.lookup(&req.id.key).await?;
+        if existing.is_none() {
+            let _alloc = self.alloc.lock().await;
+            let (ever, now) = self.limits().await?;
+            self.check_room(size, ever, now, &format!("volume {}", req.name.as_str()))?;
+            let mut tags = self.tags("volume", req.name.as_str(), req.access_type);
+            tags.push(source_tag.clone());
+            if size > src_size {
+                tags.push(TAG_GROW.to_owned());
+            }
+            let mut args: Vec<String> = vec!["lvcreate".into(), "--yes".into()];
+            match &self.thin {
+                Some(_) => {
+                    // A thin snapshot of the source, activated normally.
+                    args.extend([
+                        "--snapshot".into(),
+                        "--setactivationskip".into(),
+                        "n".into(),
+                    ]);
+                    args.extend([
+                        "--activate".into(),
+                        "y".into(),
+                        "--name".into(),
+                        name.clone(),
+                    ]);
+                    for t in tags {
+                        args.extend(["--addtag".into(), t]);
+                    }
+                    args.push(self.lv_path(&src_lv.name));
+                }
+                None => {
+                    tags.push(TAG_RESTORING.to_owned());
+                    args.extend([
+                        "--activate".into(),
+                        "y".into(),
+                        "--name".into(),
+                        name.clone(),
+                    ]);
+                    args.extend([
+                        "--wipesignatures".into(),
+                        "y".into(),
+                        "--zero".into(),
+                        "y".into(),
+                    ]);
+                    args.extend(["--size".into(), format!("{size}b")]);
+                    for t in tags {
+                        args.extend(["--addtag".into(), t]);
+                    }
+                    args.extend(self.options.iter().cloned());
+                    args.push(self.vg.clone());
+                }
+            }
+            match lvm::change(args).await {
+                Ok(()) | Err(LvmError::AlreadyExists(_)) => {}
+                Err(e) => return Err(e.into()),
+            }
+            if self.thin.is_some() && size > src_size {
+                lvm::change(vec![
+                    "lvextend".into(),
+                    "--size".into(),
+                    format!("{size}b"),
+                    self.lv_path(&name),
+                ])
+                .await?;
+            }
+        }
+        let lv = self.lookup(&req.id.key).await?.ok_or_else(|| {
+            Error::Internal(format!("LV {} missing after lvcreate", self.lv_path(&name)))
+        })?;
+        if !self.is_ours(&lv) {
+            return Err(Error::AlreadyExists(format!(
+                "LV {} exists and is not this driver's",
+                self.lv_path(&name)
+            )));
+        }
+        if lv.has_tag(TAG_RESTORING) {
+            // Copy the source's data (the whole source, so a larger target
+            // keeps the source's filesystem intact), then mark it complete.
+            let (from, to) = (
+                format!("/dev/{}/{}", self.vg, src_lv.name),
+                format!("/dev/{}/{name}", self.vg),
+            );
+            crate::command::Cmd::new("dd")
+                .arg(format!("if={from}"))
+                .arg(format!("of={to}"))
+                .args([
+                    "bs=4M",
+                    "iflag=count_bytes",
+                    "oflag=direct",
+                    "conv=fsync,notrunc",
+                    "status=none",
+                ])
+                .arg(format!("count={src_size}"))
+                .timeout(std::time::Duration::from_secs(6 * 3600))
+                .run()
+                .await?;
+            lvm::change(vec![
+                "lvchange".into(),
+                "--deltag".into(),
+                TAG_RESTORING.into(),
+                self.lv_path(&name),
+            ])
+            .await?;
+        }
+        let lv = self
+            .lookup(&req.id.key)
+            .await?
+            .ok_or_else(|| Error::Internal("LV vanished".into()))?;
+        let vol = self.to_volume(&lv).ok_or_else(|| {
+            Error::AlreadyExists(format!("LV {} exists and is not this driver's", lv.name))
+        })?;
+        if lv.tag_value(TAG_SOURCE) != Some(source_tag.split_once('=').map_or("", |x| x.1)) {
+            return Err(Error::AlreadyExists(format!(
+                "volume {:?} already exists with other content",
+                req.name.as_str()
+            )));
+        }
+        matches_request(vol, req)
     }
 
     async fn lookup(&self, key: &VolumeKey) -> Result<Option<LvInfo>> {
@@ -232,6 +463,13 @@ impl LvmPool {
     }
 }
 
+fn volume_key(vol: &Volume) -> Result<VolumeKey> {
+    vol.id
+        .rsplit_once('.')
+        .and_then(|(_, k)| VolumeKey::parse(k))
+        .ok_or_else(|| Error::Internal(format!("malformed volume id {:?}", vol.id)))
+}
+
 fn round_down(v: u64, unit: u64) -> u64 {
     v.checked_div(unit).map_or(v, |n| n * unit)
 }
@@ -315,6 +553,9 @@ impl Pool for LvmPool {
                 "inodeLimit applies to dir pools; pool {} is LVM",
                 self.name
             )));
+        }
+        if let Some(src) = &req.source {
+            return self.create_from(req, src).await;
         }
         if let Some(lv) = self.lookup(&req.id.key).await? {
             return match self.to_volume(&lv) {
@@ -476,6 +717,121 @@ impl Pool for LvmPool {
             total_bytes: vol.size_bytes,
             ..Usage::default()
         }))
+    }
+
+    fn supports_snapshots(&self) -> bool {
+        true
+    }
+
+    async fn filesystem_grown(&self, vol: &Volume) -> Result<()> {
+        let key = volume_key(vol)?;
+        lvm::change(vec![
+            "lvchange".into(),
+            "--deltag".into(),
+            TAG_GROW.into(),
+            self.lv_path(&lv_name(&key)),
+        ])
+        .await?;
+        Ok(())
+    }
+
+    async fn create_snapshot(&self, req: &SnapshotRequest) -> Result<Snapshot> {
+        let name = snap_lv_name(&req.id.key);
+        if let Some(lv) = lvm::lv(&self.vg, &name).await? {
+            let snap = self.to_snapshot(&lv).ok_or_else(|| {
+                Error::AlreadyExists(format!(
+                    "LV {} exists and is not this driver's",
+                    self.lv_path(&name)
+                ))
+            })?;
+            if snap.name != req.name.as_str() || snap.source_volume_id != req.source.to_string() {
+                return Err(Error::AlreadyExists(format!(
+                    "snapshot {:?} already exists for another source volume ({})",
+                    req.name.as_str(),
+                    snap.source_volume_id
+                )));
+            }
+            return Ok(snap);
+        }
+        let src = self
+            .lookup(&req.source.key)
+            .await?
+            .filter(|l| self.to_volume(l).is_some())
+            .ok_or_else(|| {
+                Error::NotFound(format!("source volume {} does not exist", req.source))
+            })?;
+        let access = self
+            .to_volume(&src)
+            .map_or(AccessType::Mount, |v| v.access_type);
+        let mut tags = self.tags("snapshot", req.name.as_str(), access);
+        tags.push(format!("{TAG_SOURCE}={}", req.source));
+        tags.push(format!("{TAG_SIZE}={}", src.size));
+        let mut args: Vec<String> = vec![
+            "lvcreate".into(),
+            "--yes".into(),
+            "--snapshot".into(),
+            "--name".into(),
+            name.clone(),
+        ];
+        let _alloc = self.alloc.lock().await;
+        if self.thin.is_none() {
+            // A COW snapshot needs space for the changes made to its origin.
+            let cow = req.cow_size.unwrap_or(src.size);
+            let (ever, now) = self.limits().await?;
+            self.check_room(cow, ever, now, &format!("snapshot {}", req.name.as_str()))?;
+            args.extend(["--size".into(), format!("{cow}b")]);
+        }
+        for t in tags {
+            args.extend(["--addtag".into(), t]);
+        }
+        args.push(self.lv_path(&src.name));
+        match lvm::change(args).await {
+            Ok(()) | Err(LvmError::AlreadyExists(_)) => {}
+            Err(e) => return Err(e.into()),
+        }
+        let lv = lvm::lv(&self.vg, &name).await?.ok_or_else(|| {
+            Error::Internal(format!(
+                "snapshot LV {} missing after lvcreate",
+                self.lv_path(&name)
+            ))
+        })?;
+        self.to_snapshot(&lv).ok_or_else(|| {
+            Error::Internal(format!(
+                "snapshot LV {} has unexpected tags",
+                self.lv_path(&name)
+            ))
+        })
+    }
+
+    async fn delete_snapshot(&self, id: &VolumeId) -> Result<()> {
+        let name = snap_lv_name(&id.key);
+        let Some(lv) = lvm::lv(&self.vg, &name).await? else {
+            return Ok(());
+        };
+        if self.to_snapshot(&lv).is_none() {
+            return Err(Error::FailedPrecondition(format!(
+                "LV {} does not carry this pool's snapshot tags; not removing it",
+                self.lv_path(&name)
+            )));
+        }
+        match lvm::change(vec!["lvremove".into(), "--yes".into(), self.lv_path(&name)]).await {
+            Ok(()) | Err(LvmError::NotFound(_)) => Ok(()),
+            Err(e) => Err(e.into()),
+        }
+    }
+
+    async fn get_snapshot(&self, id: &VolumeId) -> Result<Option<Snapshot>> {
+        Ok(lvm::lv(&self.vg, &snap_lv_name(&id.key))
+            .await?
+            .and_then(|lv| self.to_snapshot(&lv)))
+    }
+
+    async fn list_snapshots(&self) -> Result<Vec<Snapshot>> {
+        Ok(lvm::lvs(&self.vg)
+            .await?
+            .iter()
+            .filter_map(|lv| self.to_snapshot(lv))
+            .collect())
     }
 
     async fn condition(&self, vol: &Volume) -> Result<Option<String>> {

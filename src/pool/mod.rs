@@ -56,9 +56,18 @@ impl CapacityRange {
     }
 }
 
+/// Where a new volume's initial content comes from.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum ContentSource {
+    Snapshot(VolumeId),
+    Volume(VolumeId),
+}
+
 /// Everything a backend needs to create a volume, already validated.
 #[derive(Clone, Debug)]
 pub struct CreateRequest {
+    /// Content to start from (same pool); None for an empty volume.
+    pub source: Option<ContentSource>,
     pub id: VolumeId,
     pub name: VolumeName,
     pub range: CapacityRange,
@@ -89,6 +98,31 @@ pub struct Volume {
     /// Inode hard limit, when one was asked for.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub inode_limit: Option<u64>,
+    /// The filesystem is smaller than the device (a restore or clone into a
+    /// larger volume): the node grows it when it next stages the volume.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub grow_filesystem: bool,
+}
+
+/// A point-in-time copy of a volume.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Snapshot {
+    pub id: String,
+    pub name: String,
+    pub source_volume_id: String,
+    /// Size of the source volume when the snapshot was taken.
+    pub size_bytes: u64,
+    pub created_unix: u64,
+}
+
+/// A validated CreateSnapshot.
+#[derive(Clone, Debug)]
+pub struct SnapshotRequest {
+    pub id: VolumeId,
+    pub name: VolumeName,
+    pub source: VolumeId,
+    /// Space for a thick (copy-on-write) snapshot's changes; None: the source's size.
+    pub cow_size: Option<u64>,
 }
 
 /// What a pool can hand out right now.
@@ -163,6 +197,33 @@ pub trait Pool: Send + Sync {
     async fn condition(&self, _vol: &Volume) -> Result<Option<String>> {
         Ok(None)
     }
+    /// Called by the node after growing the filesystem of a volume whose
+    /// `grow_filesystem` was set.
+    async fn filesystem_grown(&self, _vol: &Volume) -> Result<()> {
+        Ok(())
+    }
+    /// Whether the pool takes snapshots and creates volumes from content.
+    fn supports_snapshots(&self) -> bool {
+        false
+    }
+    /// Takes a snapshot, or returns it when an identical request already did.
+    async fn create_snapshot(&self, _req: &SnapshotRequest) -> Result<Snapshot> {
+        Err(Error::InvalidArgument(format!(
+            "pool {} ({}) does not support snapshots",
+            self.name(),
+            self.backend()
+        )))
+    }
+    /// Deletes a snapshot; one that does not exist is not an error.
+    async fn delete_snapshot(&self, _id: &VolumeId) -> Result<()> {
+        Ok(())
+    }
+    async fn get_snapshot(&self, _id: &VolumeId) -> Result<Option<Snapshot>> {
+        Ok(None)
+    }
+    async fn list_snapshots(&self) -> Result<Vec<Snapshot>> {
+        Ok(Vec::new())
+    }
 }
 
 /// The pools of this node, by name.
@@ -210,6 +271,11 @@ impl Pools {
 
     pub fn default_pool(&self) -> &PoolName {
         &self.default
+    }
+
+    /// Whether any pool takes snapshots (the driver advertises them then).
+    pub fn any_snapshots(&self) -> bool {
+        self.iter().any(|p| p.supports_snapshots())
     }
 
     /// Pools in config order.

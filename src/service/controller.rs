@@ -11,7 +11,10 @@ use crate::csi;
 use crate::csi::controller_service_capability::{rpc::Type as RpcType, Rpc, Type as CapType};
 use crate::error::{Error, Result};
 use crate::ids::{truncate, ParsedId, VolumeId, VolumeName};
-use crate::pool::{AccessType, CapacityRange, CreateRequest, Pool, Volume};
+use crate::pool::{
+    AccessType, CapacityRange, ContentSource, CreateRequest, Pool, Snapshot, SnapshotRequest,
+    Volume,
+};
 
 pub struct ControllerService {
     driver: Arc<Driver>,
@@ -49,6 +52,66 @@ impl ControllerService {
             "node {} is not in the requested topology; volumes of this driver can only be created on the node that serves the request",
             self.driver.node_id
         )))
+    }
+}
+
+/// StorageClass-like parameter of a VolumeSnapshotClass: space reserved for a
+/// thick (copy-on-write) snapshot's changes.
+pub const PARAM_SNAPSHOT_SIZE: &str = "snapshotSize";
+
+fn decode_snapshot_params(params: &HashMap<String, String>) -> Result<Option<u64>> {
+    let mut cow = None;
+    for (k, v) in params {
+        if k == PARAM_SNAPSHOT_SIZE {
+            let n = crate::size::parse_size(v).map_err(Error::InvalidArgument)?;
+            if n == 0 {
+                return Err(Error::InvalidArgument(format!(
+                    "{PARAM_SNAPSHOT_SIZE} must be positive"
+                )));
+            }
+            cow = Some(n);
+        } else if !k.starts_with(super::K8S_PARAM_PREFIX) {
+            return Err(Error::InvalidArgument(format!(
+                "unknown snapshot parameter {:?} (known: {PARAM_SNAPSHOT_SIZE})",
+                truncate(k)
+            )));
+        }
+    }
+    Ok(cow)
+}
+
+/// The request's content source: which kind, and its id.
+fn decode_content_source(
+    src: Option<&csi::VolumeContentSource>,
+) -> Result<Option<(&'static str, ParsedId)>> {
+    use csi::volume_content_source::Type;
+    let Some(src) = src else { return Ok(None) };
+    match &src.r#type {
+        None => Err(Error::InvalidArgument(
+            "volume_content_source names neither a snapshot nor a volume".into(),
+        )),
+        Some(Type::Snapshot(s)) => Ok(Some((
+            "snapshot",
+            VolumeId::parse("snapshot_id", &s.snapshot_id)?,
+        ))),
+        Some(Type::Volume(v)) => Ok(Some((
+            "volume",
+            VolumeId::parse("volume_id", &v.volume_id)?,
+        ))),
+    }
+}
+
+fn snapshot_to_csi(s: &Snapshot) -> csi::Snapshot {
+    csi::Snapshot {
+        size_bytes: to_i64(s.size_bytes),
+        snapshot_id: s.id.clone(),
+        source_volume_id: s.source_volume_id.clone(),
+        creation_time: Some(prost_types::Timestamp {
+            seconds: to_i64(s.created_unix),
+            nanos: 0,
+        }),
+        ready_to_use: true,
+        group_snapshot_id: String::new(),
     }
 }
 
@@ -99,23 +162,57 @@ impl csi::controller_server::Controller for ControllerService {
             let caps = decode_capabilities(&req.volume_capabilities)?;
             let range = decode_range(req.capacity_range.as_ref())?;
             let params = decode_params(&req.parameters)?;
-            if req.volume_content_source.is_some() {
-                return Err(Error::InvalidArgument(
-                    "volume_content_source (snapshots, clones) is not supported by this driver's pools".into(),
-                ));
-            }
+            let content = decode_content_source(req.volume_content_source.as_ref())?;
             if !req.mutable_parameters.is_empty() {
                 return Err(Error::InvalidArgument("mutable_parameters are not supported".into()));
             }
             let d = &self.driver;
-            let pool_name = params.pool.clone().unwrap_or_else(|| d.pools.default_pool().clone());
+            // A volume made from content lives in its source's pool.
+            let source_pool = match &content {
+                Some((_, ParsedId::Volume(src))) => Some(src.pool.clone()),
+                _ => None,
+            };
+            if let (Some(sp), Some(p)) = (&source_pool, &params.pool) {
+                if sp != p {
+                    return Err(Error::InvalidArgument(format!(
+                        "the content source is in pool {sp}; a volume can only be made from content in its own pool, not {p}"
+                    )));
+                }
+            }
+            let pool_name = params
+                .pool
+                .clone()
+                .or(source_pool)
+                .unwrap_or_else(|| d.pools.default_pool().clone());
             let pool = d.pools.require(&pool_name)?.clone();
             let access_type = access_type_of(&caps, pool.as_ref())?;
             self.check_topology(req.accessibility_requirements.as_ref())?;
+            let source = match content {
+                None => None,
+                Some(_) if !pool.supports_snapshots() => {
+                    return Err(Error::InvalidArgument(format!(
+                        "pool {} ({}) cannot create volumes from snapshots or other volumes",
+                        pool.name(),
+                        pool.backend()
+                    )))
+                }
+                Some((kind, ParsedId::Foreign(raw))) => {
+                    return Err(Error::NotFound(format!("{kind} {:?} does not exist", truncate(&raw))))
+                }
+                Some(("snapshot", ParsedId::Volume(src))) => Some(ContentSource::Snapshot(src)),
+                Some((_, ParsedId::Volume(src))) => Some(ContentSource::Volume(src)),
+            };
 
             let id = VolumeId::new(pool_name, &name);
             // The lock key is the name's hash, the same in every pool.
             let _guard = d.locks.try_lock(id.key.as_str(), &format!("volume {:?}", name.as_str()))?;
+            // The source must not change or vanish while it is copied.
+            let _source_guard = match &source {
+                Some(ContentSource::Snapshot(s) | ContentSource::Volume(s)) => {
+                    Some(d.locks.try_lock(s.key.as_str(), &format!("source {s}"))?)
+                }
+                None => None,
+            };
             for other in d.pools.iter().filter(|p| p.name() != pool.name()) {
                 let other_id = VolumeId::new(other.name().clone(), &name);
                 if other.get(&other_id).await?.is_some() {
@@ -128,6 +225,7 @@ impl csi::controller_server::Controller for ControllerService {
             }
             let vol = pool
                 .create(&CreateRequest {
+                    source,
                     id,
                     name,
                     range,
@@ -136,7 +234,9 @@ impl csi::controller_server::Controller for ControllerService {
                     parameters: params.kept,
                 })
                 .await?;
-            Ok(csi::CreateVolumeResponse { volume: Some(self.to_csi(&vol)) })
+            let mut volume = self.to_csi(&vol);
+            volume.content_source = req.volume_content_source.clone();
+            Ok(csi::CreateVolumeResponse { volume: Some(volume) })
         })
         .await
     }
@@ -329,44 +429,190 @@ impl csi::controller_server::Controller for ControllerService {
             r#type: Some(CapType::Rpc(Rpc { r#type: t as i32 })),
         };
         rpc("ControllerGetCapabilities", "", async {
-            Ok(csi::ControllerGetCapabilitiesResponse {
-                capabilities: vec![
-                    cap(RpcType::CreateDeleteVolume),
-                    cap(RpcType::ListVolumes),
-                    cap(RpcType::GetCapacity),
-                    cap(RpcType::ExpandVolume),
-                    cap(RpcType::SingleNodeMultiWriter),
-                ],
-            })
+            let mut capabilities = vec![
+                cap(RpcType::CreateDeleteVolume),
+                cap(RpcType::ListVolumes),
+                cap(RpcType::GetCapacity),
+                cap(RpcType::ExpandVolume),
+                cap(RpcType::SingleNodeMultiWriter),
+            ];
+            // Only pools that can snapshot make the driver advertise it.
+            if self.driver.pools.any_snapshots() {
+                capabilities.extend([
+                    cap(RpcType::CreateDeleteSnapshot),
+                    cap(RpcType::ListSnapshots),
+                    cap(RpcType::CloneVolume),
+                ]);
+            }
+            Ok(csi::ControllerGetCapabilitiesResponse { capabilities })
         })
         .await
     }
 
     async fn create_snapshot(
         &self,
-        _req: Request<csi::CreateSnapshotRequest>,
+        req: Request<csi::CreateSnapshotRequest>,
     ) -> Result<Response<csi::CreateSnapshotResponse>, Status> {
-        Err(Status::unimplemented(
-            "snapshots are not supported by this driver's pools",
-        ))
+        let req = req.into_inner();
+        if !self.driver.pools.any_snapshots() {
+            return Err(Status::unimplemented(
+                "no pool of this node supports snapshots",
+            ));
+        }
+        rpc("CreateSnapshot", &req.source_volume_id, async {
+            let name = VolumeName::parse(&req.name)?;
+            let cow_size = decode_snapshot_params(&req.parameters)?;
+            let source = match VolumeId::parse("source_volume_id", &req.source_volume_id)? {
+                ParsedId::Volume(id) => id,
+                ParsedId::Foreign(raw) => {
+                    return Err(Error::NotFound(format!(
+                        "source volume {:?} does not exist",
+                        truncate(&raw)
+                    )))
+                }
+            };
+            let d = &self.driver;
+            let pool = d
+                .pools
+                .get(&source.pool)
+                .ok_or_else(|| Error::NotFound(format!("source volume {source} does not exist")))?
+                .clone();
+            if !pool.supports_snapshots() {
+                return Err(Error::InvalidArgument(format!(
+                    "pool {} ({}) does not support snapshots",
+                    pool.name(),
+                    pool.backend()
+                )));
+            }
+            let id = VolumeId {
+                pool: source.pool.clone(),
+                key: name.snapshot_key(),
+            };
+            let _guard = d
+                .locks
+                .try_lock(id.key.as_str(), &format!("snapshot {:?}", name.as_str()))?;
+            let _source_guard = d
+                .locks
+                .try_lock(source.key.as_str(), &format!("volume {source}"))?;
+            for other in d.pools.iter().filter(|p| p.name() != pool.name()) {
+                let other_id = VolumeId {
+                    pool: other.name().clone(),
+                    key: id.key.clone(),
+                };
+                if other.get_snapshot(&other_id).await?.is_some() {
+                    return Err(Error::AlreadyExists(format!(
+                        "snapshot {:?} already exists in pool {}",
+                        name.as_str(),
+                        other.name()
+                    )));
+                }
+            }
+            let snap = pool
+                .create_snapshot(&SnapshotRequest {
+                    id,
+                    name,
+                    source,
+                    cow_size,
+                })
+                .await?;
+            Ok(csi::CreateSnapshotResponse {
+                snapshot: Some(snapshot_to_csi(&snap)),
+            })
+        })
+        .await
     }
 
     async fn delete_snapshot(
         &self,
-        _req: Request<csi::DeleteSnapshotRequest>,
+        req: Request<csi::DeleteSnapshotRequest>,
     ) -> Result<Response<csi::DeleteSnapshotResponse>, Status> {
-        Err(Status::unimplemented(
-            "snapshots are not supported by this driver's pools",
-        ))
+        let req = req.into_inner();
+        if !self.driver.pools.any_snapshots() {
+            return Err(Status::unimplemented(
+                "no pool of this node supports snapshots",
+            ));
+        }
+        rpc("DeleteSnapshot", &req.snapshot_id, async {
+            let ParsedId::Volume(id) = VolumeId::parse("snapshot_id", &req.snapshot_id)? else {
+                return Ok(csi::DeleteSnapshotResponse {});
+            };
+            let Some(pool) = self.driver.pools.get(&id.pool) else {
+                return Ok(csi::DeleteSnapshotResponse {});
+            };
+            let _guard = self
+                .driver
+                .locks
+                .try_lock(id.key.as_str(), &format!("snapshot {id}"))?;
+            pool.delete_snapshot(&id).await?;
+            Ok(csi::DeleteSnapshotResponse {})
+        })
+        .await
     }
 
     async fn list_snapshots(
         &self,
-        _req: Request<csi::ListSnapshotsRequest>,
+        req: Request<csi::ListSnapshotsRequest>,
     ) -> Result<Response<csi::ListSnapshotsResponse>, Status> {
-        Err(Status::unimplemented(
-            "snapshots are not supported by this driver's pools",
-        ))
+        let req = req.into_inner();
+        if !self.driver.pools.any_snapshots() {
+            return Err(Status::unimplemented(
+                "no pool of this node supports snapshots",
+            ));
+        }
+        rpc("ListSnapshots", &req.snapshot_id, async {
+            if req.max_entries < 0 {
+                return Err(Error::InvalidArgument(format!(
+                    "max_entries must not be negative (got {})",
+                    req.max_entries
+                )));
+            }
+            let mut all = Vec::new();
+            if !req.snapshot_id.is_empty() {
+                // One snapshot by id; an id that cannot exist lists nothing.
+                if let ParsedId::Volume(id) = VolumeId::parse("snapshot_id", &req.snapshot_id)? {
+                    if let Some(pool) = self.driver.pools.get(&id.pool) {
+                        all.extend(pool.get_snapshot(&id).await?);
+                    }
+                }
+            } else {
+                for pool in self.driver.pools.iter() {
+                    all.extend(pool.list_snapshots().await?);
+                }
+            }
+            if !req.source_volume_id.is_empty() {
+                crate::ids::check_text("source_volume_id", &req.source_volume_id)?;
+                all.retain(|s| s.source_volume_id == req.source_volume_id);
+            }
+            all.sort_by(|a, b| a.id.cmp(&b.id));
+            let start = if req.starting_token.is_empty() {
+                0
+            } else {
+                all.iter()
+                    .position(|s| s.id == req.starting_token)
+                    .ok_or_else(|| {
+                        Error::Aborted(format!(
+                            "starting_token {:?} is not valid (no such snapshot)",
+                            truncate(&req.starting_token)
+                        ))
+                    })?
+            };
+            let max = if req.max_entries == 0 {
+                usize::MAX
+            } else {
+                req.max_entries as usize
+            };
+            let end = start.saturating_add(max).min(all.len());
+            Ok(csi::ListSnapshotsResponse {
+                entries: all[start..end]
+                    .iter()
+                    .map(|s| csi::list_snapshots_response::Entry {
+                        snapshot: Some(snapshot_to_csi(s)),
+                    })
+                    .collect(),
+                next_token: all.get(end).map(|s| s.id.clone()).unwrap_or_default(),
+            })
+        })
+        .await
     }
 
     async fn controller_expand_volume(

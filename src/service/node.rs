@@ -176,10 +176,17 @@ impl csi::node_server::Node for NodeService {
                         data.push(fs.default_mount_data().to_owned());
                     }
                     let data = data.join(",");
+                    let (d, st) = (dev.clone(), staging.clone());
                     blocking(move || {
-                        nodeops::stage_device(&dev, &staging, fs.as_str(), opts.flags, &data)
+                        nodeops::stage_device(&d, &st, fs.as_str(), opts.flags, &data)
                     })
                     .await?;
+                    // Restored or cloned into a larger volume: the filesystem
+                    // still has its source's size until it is grown.
+                    if vol.grow_filesystem {
+                        blockdev::grow_fs(&dev, &staging, fs).await?;
+                        pool.filesystem_grown(&vol).await?;
+                    }
                 }
             }
             Ok(csi::NodeStageVolumeResponse {})
