@@ -13,6 +13,7 @@ pub mod fsutil;
 pub mod ids;
 pub mod locks;
 pub mod lvm;
+pub mod metrics;
 pub mod mount;
 pub mod nodeops;
 pub mod pool;

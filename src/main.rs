@@ -65,6 +65,9 @@ struct ServeArgs {
     /// Group allowed to use the socket (mode 0660 instead of 0600).
     #[arg(long)]
     socket_group: Option<String>,
+    /// Serve Prometheus /metrics, /healthz and /readyz here (e.g. :9808).
+    #[arg(long, value_parser = localvol::metrics::parse_addr)]
+    metrics_addr: Option<std::net::SocketAddr>,
 }
 
 fn init_logging(format: LogFormat) {
@@ -98,6 +101,7 @@ async fn serve(args: ServeArgs) -> Result<(), String> {
         config,
         kubelet_dir: args.kubelet_dir,
         socket_group: args.socket_group,
+        metrics_addr: args.metrics_addr,
     };
     server::serve(opts, server::shutdown_signal())
         .await

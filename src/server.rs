@@ -33,6 +33,8 @@ pub struct ServeOptions {
     pub kubelet_dir: PathBuf,
     /// Group that may use the socket (mode 0660); without it the socket is 0600.
     pub socket_group: Option<String>,
+    /// Where to serve `/metrics`, `/healthz` and `/readyz` (off when None).
+    pub metrics_addr: Option<std::net::SocketAddr>,
 }
 
 /// Opens the pools and assembles the shared driver state.
@@ -59,6 +61,13 @@ pub async fn build_driver(opts: &ServeOptions) -> Result<Arc<Driver>> {
 /// Serves until `shutdown` resolves, then removes the socket.
 pub async fn serve(opts: ServeOptions, shutdown: impl Future<Output = ()> + Send) -> Result<()> {
     let driver = build_driver(&opts).await?;
+    // Dropped (and so stopped) when serve returns.
+    let _metrics = match opts.metrics_addr {
+        Some(addr) => Some(AbortOnDrop(tokio::spawn(
+            crate::metrics::bind(addr, driver.clone()).await?,
+        ))),
+        None => None,
+    };
     let router = Server::builder()
         .add_service(IdentityServer::new(IdentityService::new(driver.clone())))
         .add_service(ControllerServer::new(ControllerService::new(
@@ -85,6 +94,14 @@ pub async fn serve(opts: ServeOptions, shutdown: impl Future<Output = ()> + Send
                 .await
                 .map_err(|e| Error::Internal(format!("gRPC server: {e}")))
         }
+    }
+}
+
+struct AbortOnDrop(tokio::task::JoinHandle<()>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
     }
 }
 

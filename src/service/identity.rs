@@ -66,13 +66,14 @@ impl csi::identity_server::Identity for IdentityService {
         _req: Request<csi::ProbeRequest>,
     ) -> Result<Response<csi::ProbeResponse>, Status> {
         rpc("Probe", "", async {
-            for pool in self.driver.pools.iter() {
-                if let Err(e) = pool.check().await {
-                    tracing::warn!(pool = %pool.name(), error = %e, "pool not ready");
-                    return Ok(csi::ProbeResponse { ready: Some(false) });
+            let ready = match self.driver.readiness().await {
+                Ok(()) => true,
+                Err(why) => {
+                    tracing::warn!(reason = %why, "not ready");
+                    false
                 }
-            }
-            Ok(csi::ProbeResponse { ready: Some(true) })
+            };
+            Ok(csi::ProbeResponse { ready: Some(ready) })
         })
         .await
     }

@@ -56,6 +56,16 @@ impl Driver {
         t.segments.get(TOPOLOGY_KEY) == Some(&self.node_id)
     }
 
+    /// Ready when every pool passes its check: what Probe and `/readyz` say.
+    pub async fn readiness(&self) -> std::result::Result<(), String> {
+        for pool in self.pools.iter() {
+            if let Err(e) = pool.check().await {
+                return Err(format!("pool {}: {e}", pool.name()));
+            }
+        }
+        Ok(())
+    }
+
     /// Finds a volume by a request's id. `Ok(None)` when it does not exist
     /// (including ids that are not ours at all).
     pub async fn find(
@@ -231,6 +241,7 @@ where
         Ok(_) => Code::Ok,
         Err(s) => s.code(),
     };
+    crate::metrics::record_rpc(method, code, start.elapsed().as_secs_f64());
     let ms = start.elapsed().as_secs_f64() * 1000.0;
     let volume = truncate(volume);
     match (&res, method) {

@@ -1,0 +1,321 @@
+//! Prometheus metrics and the health endpoints, served on `--metrics-addr`:
+//! `/metrics` (text exposition), `/healthz` (the process serves) and `/readyz`
+//! (every pool is usable: the same check as the CSI Probe).
+//!
+//! RPC figures are recorded by `service::rpc`; pool and volume figures are read
+//! from the pools at scrape time, so they cannot drift from the node's state.
+
+use std::convert::Infallible;
+use std::net::SocketAddr;
+use std::sync::{Arc, OnceLock};
+
+use bytes::Bytes;
+use http_body_util::Full;
+use hyper::{Request, Response, StatusCode};
+use hyper_util::rt::TokioIo;
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
+use prometheus_client::registry::Registry;
+
+use crate::error::{IoContext, Result};
+use crate::service::Driver;
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct RpcLabels {
+    method: &'static str,
+    code: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct MethodLabels {
+    method: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct PoolLabels {
+    pool: String,
+    backend: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct VolumeLabels {
+    pool: String,
+    volume: String,
+}
+
+pub struct Metrics {
+    registry: Registry,
+    rpc_total: Family<RpcLabels, Counter>,
+    rpc_seconds: Family<MethodLabels, Histogram>,
+    pool_capacity: Family<PoolLabels, Gauge>,
+    pool_allocated: Family<PoolLabels, Gauge>,
+    pool_free: Family<PoolLabels, Gauge>,
+    pool_volumes: Family<PoolLabels, Gauge>,
+    pool_ready: Family<PoolLabels, Gauge>,
+    volume_used: Family<VolumeLabels, Gauge>,
+    volume_limit: Family<VolumeLabels, Gauge>,
+}
+
+impl Metrics {
+    fn new() -> Self {
+        let mut registry = Registry::with_prefix("localvol");
+        let rpc_total = Family::<RpcLabels, Counter>::default();
+        registry.register(
+            "rpc_requests",
+            "CSI calls served, by method and gRPC code",
+            rpc_total.clone(),
+        );
+        let rpc_seconds = Family::<MethodLabels, Histogram>::new_with_constructor(|| {
+            // 100 µs to ~26 s.
+            Histogram::new(exponential_buckets(0.0001, 2.0, 19))
+        });
+        registry.register(
+            "rpc_duration_seconds",
+            "Time to serve a CSI call",
+            rpc_seconds.clone(),
+        );
+        let gauge = |reg: &mut Registry, name: &str, help: &str| {
+            let f = Family::<PoolLabels, Gauge>::default();
+            reg.register(name, help, f.clone());
+            f
+        };
+        let pool_capacity = gauge(
+            &mut registry,
+            "pool_capacity_bytes",
+            "Allocated plus free bytes of a pool",
+        );
+        let pool_allocated = gauge(
+            &mut registry,
+            "pool_allocated_bytes",
+            "Bytes promised to the pool's volumes",
+        );
+        let pool_free = gauge(
+            &mut registry,
+            "pool_free_bytes",
+            "Bytes a new volume can get now (GetCapacity)",
+        );
+        let pool_volumes = gauge(&mut registry, "pool_volumes", "Volumes in the pool");
+        let pool_ready = gauge(
+            &mut registry,
+            "pool_ready",
+            "1 when the pool passes its readiness check",
+        );
+        let volume_used = Family::<VolumeLabels, Gauge>::default();
+        registry.register(
+            "volume_quota_used_bytes",
+            "Bytes used by a quota-enforced volume",
+            volume_used.clone(),
+        );
+        let volume_limit = Family::<VolumeLabels, Gauge>::default();
+        registry.register(
+            "volume_quota_limit_bytes",
+            "Enforced size of a quota-enforced volume",
+            volume_limit.clone(),
+        );
+        Metrics {
+            registry,
+            rpc_total,
+            rpc_seconds,
+            pool_capacity,
+            pool_allocated,
+            pool_free,
+            pool_volumes,
+            pool_ready,
+            volume_used,
+            volume_limit,
+        }
+    }
+}
+
+static METRICS: OnceLock<Metrics> = OnceLock::new();
+
+fn metrics() -> &'static Metrics {
+    METRICS.get_or_init(Metrics::new)
+}
+
+/// Records one served RPC.
+pub fn record_rpc(method: &'static str, code: tonic::Code, seconds: f64) {
+    let m = metrics();
+    let code = format!("{code:?}");
+    m.rpc_total.get_or_create(&RpcLabels { method, code }).inc();
+    m.rpc_seconds
+        .get_or_create(&MethodLabels { method })
+        .observe(seconds);
+}
+
+fn gauge_value(v: u64) -> i64 {
+    i64::try_from(v).unwrap_or(i64::MAX)
+}
+
+/// Refreshes the pool and volume gauges from the pools, then encodes everything.
+pub async fn render(driver: &Driver) -> String {
+    let m = metrics();
+    m.volume_used.clear();
+    m.volume_limit.clear();
+    for pool in driver.pools.iter() {
+        let labels = PoolLabels {
+            pool: pool.name().to_string(),
+            backend: pool.backend(),
+        };
+        let ready = pool.check().await.is_ok();
+        m.pool_ready.get_or_create(&labels).set(i64::from(ready));
+        let (Ok(cap), Ok(vols)) = (pool.capacity().await, pool.list().await) else {
+            continue;
+        };
+        let allocated: u64 = vols.iter().map(|v| v.size_bytes).sum();
+        m.pool_allocated
+            .get_or_create(&labels)
+            .set(gauge_value(allocated));
+        m.pool_free
+            .get_or_create(&labels)
+            .set(gauge_value(cap.available_bytes));
+        m.pool_capacity
+            .get_or_create(&labels)
+            .set(gauge_value(allocated.saturating_add(cap.available_bytes)));
+        m.pool_volumes
+            .get_or_create(&labels)
+            .set(gauge_value(vols.len() as u64));
+        for v in vols.iter().filter(|v| v.project_id.is_some()) {
+            if let Ok(Some(u)) = pool.usage(v).await {
+                let vl = VolumeLabels {
+                    pool: labels.pool.clone(),
+                    volume: v.id.clone(),
+                };
+                m.volume_used
+                    .get_or_create(&vl)
+                    .set(gauge_value(u.used_bytes));
+                m.volume_limit
+                    .get_or_create(&vl)
+                    .set(gauge_value(u.total_bytes));
+            }
+        }
+    }
+    let mut out = String::new();
+    if let Err(e) = prometheus_client::encoding::text::encode(&mut out, &m.registry) {
+        tracing::error!(error = %e, "encoding metrics");
+    }
+    out
+}
+
+async fn handle(driver: Arc<Driver>, req: Request<hyper::body::Incoming>) -> Response<Full<Bytes>> {
+    let reply = |status: StatusCode, ctype: &str, body: String| {
+        Response::builder()
+            .status(status)
+            .header("content-type", ctype)
+            .body(Full::new(Bytes::from(body)))
+            .expect("static response parts")
+    };
+    if req.method() != hyper::Method::GET {
+        return reply(
+            StatusCode::METHOD_NOT_ALLOWED,
+            "text/plain",
+            "GET only\n".into(),
+        );
+    }
+    match req.uri().path() {
+        "/metrics" => reply(
+            StatusCode::OK,
+            "application/openmetrics-text; version=1.0.0; charset=utf-8",
+            render(&driver).await,
+        ),
+        "/healthz" => reply(StatusCode::OK, "text/plain", "ok\n".into()),
+        "/readyz" => match driver.readiness().await {
+            Ok(()) => reply(StatusCode::OK, "text/plain", "ready\n".into()),
+            Err(why) => reply(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "text/plain",
+                format!("not ready: {why}\n"),
+            ),
+        },
+        _ => reply(StatusCode::NOT_FOUND, "text/plain", "not found\n".into()),
+    }
+}
+
+/// Binds the metrics address (so a bad address fails start-up) and returns the
+/// server task.
+pub async fn bind(
+    addr: SocketAddr,
+    driver: Arc<Driver>,
+) -> Result<impl std::future::Future<Output = ()>> {
+    let listener = tokio::net::TcpListener::bind(addr)
+        .await
+        .ctx(|| format!("binding metrics address {addr}"))?;
+    tracing::info!(%addr, "serving /metrics, /healthz and /readyz");
+    Ok(async move {
+        loop {
+            let (stream, _) = match listener.accept().await {
+                Ok(c) => c,
+                Err(e) => {
+                    tracing::warn!(error = %e, "metrics accept failed");
+                    tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+                    continue;
+                }
+            };
+            let driver = driver.clone();
+            tokio::spawn(async move {
+                let svc = hyper::service::service_fn(move |req| {
+                    let driver = driver.clone();
+                    async move { Ok::<_, Infallible>(handle(driver, req).await) }
+                });
+                if let Err(e) = hyper::server::conn::http1::Builder::new()
+                    .serve_connection(TokioIo::new(stream), svc)
+                    .await
+                {
+                    tracing::debug!(error = %e, "metrics connection");
+                }
+            });
+        }
+    })
+}
+
+/// Parses `--metrics-addr` values such as `:9808` or `127.0.0.1:9808`.
+pub fn parse_addr(s: &str) -> std::result::Result<SocketAddr, String> {
+    let full = if s.starts_with(':') {
+        format!("0.0.0.0{s}")
+    } else {
+        s.to_owned()
+    };
+    full.parse()
+        .map_err(|e| format!("metrics address {s:?}: {e}"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_addresses() {
+        assert_eq!(
+            parse_addr(":9808").unwrap(),
+            "0.0.0.0:9808".parse().unwrap()
+        );
+        assert_eq!(
+            parse_addr("127.0.0.1:1").unwrap(),
+            "127.0.0.1:1".parse().unwrap()
+        );
+        assert!(parse_addr("nope").is_err());
+    }
+
+    #[test]
+    fn rpc_metrics_follow_naming_conventions() {
+        record_rpc("CreateVolume", tonic::Code::Ok, 0.002);
+        record_rpc("CreateVolume", tonic::Code::AlreadyExists, 0.001);
+        let mut out = String::new();
+        prometheus_client::encoding::text::encode(&mut out, &metrics().registry).unwrap();
+        assert!(
+            out.contains(r#"localvol_rpc_requests_total{method="CreateVolume",code="Ok"} 1"#),
+            "{out}"
+        );
+        assert!(out.contains(
+            r#"localvol_rpc_requests_total{method="CreateVolume",code="AlreadyExists"} 1"#
+        ));
+        assert!(
+            out.contains(r#"localvol_rpc_duration_seconds_count{method="CreateVolume"} 2"#),
+            "{out}"
+        );
+        assert!(out.contains("# TYPE localvol_pool_free_bytes gauge"));
+    }
+}
