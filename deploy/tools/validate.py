@@ -1,0 +1,831 @@
+#!/usr/bin/env python3
+"""The checks behind deploy/validate (run that script, not this file).
+
+Input: the rendered kustomize builds and Helm renders that deploy/validate
+wrote to --renders (one multi-document YAML file per render, named
+kustomize-*.yaml or helm-*.yaml), the raw manifests under deploy/kubernetes,
+and the localvol binary (for `localvol serve --help`).
+
+Every check prints PASS or FAIL; the last line is "N passed, N failed" and the
+exit status is 1 when anything failed.
+"""
+
+import argparse
+import copy
+import glob
+import json
+import os
+import re
+import subprocess
+import sys
+
+import jsonschema
+import kubernetes_validate
+import yaml
+
+REPO = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
+DRIVER = "localvol.csi.dev"
+# Oldest Kubernetes the deployment supports (chart kubeVersion) and the newest
+# schemas kubernetes-validate ships.
+K8S_VERSIONS = ["1.27", "1.37"]
+
+# ---------------------------------------------------------------------------
+# What the sidecars accept and what this deployment requires of them.
+#
+# Accepted flags: from each sidecar's own documentation for the pinned release
+# (README "Command line options" of kubernetes-csi/external-provisioner,
+# external-resizer, external-snapshotter, node-driver-registrar, livenessprobe;
+# klog's -v stays after KEP-2845, csi-provisioner v5.2.0 CHANGELOG adds
+# --logging-format). Deprecated flags (--metrics-address, --master, ...) are
+# left out on purpose.
+SIDECARS = {
+    "csi-provisioner": {
+        "tag": "v5.2.0",
+        "flags": {
+            "csi-address", "leader-election", "leader-election-namespace",
+            "leader-election-lease-duration", "leader-election-renew-deadline",
+            "leader-election-retry-period", "timeout", "retry-interval-start",
+            "retry-interval-max", "worker-threads", "kube-api-qps", "kube-api-burst",
+            "cloning-protection-threads", "http-endpoint", "metrics-path",
+            "extra-create-metadata", "enable-capacity", "capacity-ownerref-level",
+            "capacity-threads", "capacity-poll-interval",
+            "capacity-for-immediate-binding", "node-deployment",
+            "node-deployment-immediate-binding", "node-deployment-base-delay",
+            "node-deployment-max-delay", "feature-gates", "strict-topology",
+            "immediate-topology", "kubeconfig", "volume-name-prefix",
+            "volume-name-uuid-length", "version", "v", "vmodule", "logging-format",
+        },
+        "feature_gates": {"Topology"},
+        "required": {
+            "csi-address": "/csi/csi.sock", "node-deployment": None,
+            "feature-gates": "Topology=true", "strict-topology": None,
+            "immediate-topology": "false", "enable-capacity": None,
+            "capacity-ownerref-level": "1", "extra-create-metadata": None,
+        },
+        "forbidden": {"leader-election"},  # node deployment: every instance works
+        "env": {"NODE_NAME": "spec.nodeName", "NAMESPACE": "metadata.namespace",
+                "POD_NAME": "metadata.name"},
+    },
+    "csi-resizer": {
+        "tag": "v1.13.1",
+        "flags": {
+            "csi-address", "leader-election", "leader-election-namespace",
+            "leader-election-lease-duration", "leader-election-renew-deadline",
+            "leader-election-retry-period", "timeout", "kube-api-burst",
+            "kube-api-qps", "retry-interval-start", "retry-interval-max", "workers",
+            "http-endpoint", "metrics-path", "handle-volume-inuse-error",
+            "feature-gates", "kubeconfig", "version", "v",
+        },
+        "feature_gates": {"AnnotateFsResize", "RecoverVolumeExpansionFailure"},
+        "required": {
+            "csi-address": "/csi/csi.sock", "leader-election": None,
+            "handle-volume-inuse-error": "false",
+        },
+        "forbidden": set(),
+        "env": {},
+    },
+    "csi-snapshotter": {
+        "tag": "v8.2.0",
+        "flags": {
+            "csi-address", "leader-election", "leader-election-namespace",
+            "leader-election-lease-duration", "leader-election-renew-deadline",
+            "leader-election-retry-period", "kube-api-qps", "kube-api-burst",
+            "timeout", "snapshot-name-prefix", "snapshot-name-uuid-length",
+            "worker-threads", "node-deployment", "retry-interval-start",
+            "retry-interval-max", "feature-gates", "kubeconfig", "resync-period",
+            "version", "http-endpoint", "metrics-path", "v",
+        },
+        "feature_gates": {"CSIVolumeGroupSnapshot"},
+        "required": {"csi-address": "/csi/csi.sock", "node-deployment": None},
+        "forbidden": {"leader-election"},
+        "env": {"NODE_NAME": "spec.nodeName"},
+    },
+    "csi-node-driver-registrar": {
+        "tag": "v2.13.0",
+        "flags": {"csi-address", "kubelet-registration-path", "http-endpoint",
+                  "timeout", "mode", "enable-pprof", "v"},
+        "feature_gates": set(),
+        "required": {"csi-address": "/csi/csi.sock", "kubelet-registration-path": None},
+        "forbidden": set(),
+        "env": {},
+    },
+    "livenessprobe": {
+        "tag": "v2.15.0",
+        "flags": {"csi-address", "health-port", "v"},
+        "feature_gates": set(),
+        "required": {"csi-address": "/csi/csi.sock", "health-port": None},
+        "forbidden": set(),
+        "env": {},
+    },
+}
+
+# RBAC each role must grant, exactly: (apiGroup, resource) -> verbs. Taken from
+# the sidecars' own deploy/kubernetes/rbac.yaml of the pinned releases,
+# without the rules those files mark as conditional on something this
+# deployment does not use (see deploy/README.md, "RBAC").
+RBAC = {
+    ("ClusterRole", "provisioner"): {
+        ("", "persistentvolumes"): {"get", "list", "watch", "create", "patch", "delete"},
+        ("", "persistentvolumeclaims"): {"get", "list", "watch", "update"},
+        ("storage.k8s.io", "storageclasses"): {"get", "list", "watch"},
+        ("", "events"): {"list", "watch", "create", "update", "patch"},
+        ("snapshot.storage.k8s.io", "volumesnapshots"): {"get", "list"},
+        ("snapshot.storage.k8s.io", "volumesnapshotcontents"): {"get", "list"},
+        ("storage.k8s.io", "csinodes"): {"get", "list", "watch"},
+        ("", "nodes"): {"get", "list", "watch"},
+    },
+    ("Role", "provisioner"): {
+        ("storage.k8s.io", "csistoragecapacities"): {"get", "list", "watch", "create", "update", "patch", "delete"},
+        ("", "pods"): {"get"},
+    },
+    ("ClusterRole", "resizer"): {
+        ("", "persistentvolumes"): {"get", "list", "watch", "patch"},
+        ("", "persistentvolumeclaims"): {"get", "list", "watch"},
+        ("", "persistentvolumeclaims/status"): {"patch"},
+        ("", "events"): {"list", "watch", "create", "update", "patch"},
+        ("storage.k8s.io", "volumeattributesclasses"): {"get", "list", "watch"},
+    },
+    ("Role", "resizer"): {
+        ("coordination.k8s.io", "leases"): {"get", "watch", "list", "delete", "update", "create"},
+    },
+    ("ClusterRole", "snapshotter"): {
+        ("", "events"): {"list", "watch", "create", "update", "patch"},
+        ("snapshot.storage.k8s.io", "volumesnapshotclasses"): {"get", "list", "watch"},
+        ("snapshot.storage.k8s.io", "volumesnapshotcontents"): {"create", "get", "list", "watch", "update", "patch"},
+        ("snapshot.storage.k8s.io", "volumesnapshotcontents/status"): {"update", "patch"},
+    },
+}
+# Which role a sidecar container needs.
+ROLE_OF_SIDECAR = {"csi-provisioner": "provisioner", "csi-resizer": "resizer",
+                   "csi-snapshotter": "snapshotter"}
+
+# VolumeSnapshotClass is a CRD, not in the Kubernetes OpenAPI: its schema from
+# kubernetes-csi/external-snapshotter client/config/crd/
+# snapshot.storage.k8s.io_volumesnapshotclasses.yaml (v1).
+VSC_SCHEMA = {
+    "type": "object",
+    "additionalProperties": False,
+    "required": ["apiVersion", "kind", "metadata", "driver", "deletionPolicy"],
+    "properties": {
+        "apiVersion": {"const": "snapshot.storage.k8s.io/v1"},
+        "kind": {"const": "VolumeSnapshotClass"},
+        "metadata": {
+            "type": "object",
+            "required": ["name"],
+            "properties": {
+                "name": {"type": "string", "pattern": "^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$"},
+                "labels": {"type": "object", "additionalProperties": {"type": "string"}},
+                "annotations": {"type": "object", "additionalProperties": {"type": "string"}},
+            },
+        },
+        "driver": {"type": "string"},
+        "deletionPolicy": {"enum": ["Delete", "Retain"]},
+        "parameters": {"type": "object", "additionalProperties": {"type": "string"}},
+    },
+}
+
+SC_PARAMS = re.compile(r"^(pool|inodeLimit|csi\.storage\.k8s\.io/.+)$")
+VSC_PARAMS = re.compile(r"^(snapshotSize|csi\.storage\.k8s\.io/.+)$")
+POOL_NAME = re.compile(r"^[a-z0-9-]{1,32}$")
+LVM_NAME = re.compile(r"^[A-Za-z0-9+_.][A-Za-z0-9+_.-]{0,126}$")
+LVM_HOST_PATHS = ["/dev", "/etc/lvm", "/run/lvm", "/run/lock/lvm", "/run/udev"]
+
+
+class Report:
+    def __init__(self):
+        self.passed = 0
+        self.failed = 0
+        self.missing_driver_flags = {}   # flag -> set of renders
+
+    def check(self, ok, what, detail=""):
+        if ok:
+            self.passed += 1
+            print(f"  PASS {what}")
+        else:
+            self.failed += 1
+            print(f"  FAIL {what}" + (f": {detail}" if detail else ""))
+        return ok
+
+    def section(self, title):
+        print(f"\n== {title}")
+
+
+R = Report()
+
+
+# ---------------------------------------------------------------------------
+# Helpers
+
+def load_docs(path):
+    with open(path) as f:
+        return [d for d in yaml.safe_load_all(f) if d]
+
+
+def parse_flag(arg):
+    """'--a=b' -> ('a', 'b'); '--a' -> ('a', None); anything else -> None."""
+    m = re.match(r"^--?([a-zA-Z0-9][a-zA-Z0-9-]*)(?:=(.*))?$", arg, re.S)
+    if not m:
+        return None
+    return m.group(1), m.group(2)
+
+
+def parse_size(s):
+    """src/size.rs parse_size, for config values."""
+    if isinstance(s, int) and not isinstance(s, bool):
+        return s if s >= 0 else None
+    if not isinstance(s, str):
+        return None
+    t = s.strip()
+    if t.endswith("B"):
+        t = t[:-1]
+    m = re.match(r"^(\d*(?:\.\d*)?)(k|K|M|G|T|P|Ki|Mi|Gi|Ti|Pi)?$", t)
+    if not m or m.group(1) in ("", "."):
+        return None
+    mult = {None: 1, "k": 10**3, "K": 10**3, "M": 10**6, "G": 10**9, "T": 10**12,
+            "P": 10**15, "Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40,
+            "Pi": 2**50}[m.group(2)]
+    return int(float(m.group(1)) * mult)
+
+
+def camel(snake):
+    head, *rest = snake.split("_")
+    return head + "".join(w.capitalize() for w in rest)
+
+
+def config_fields():
+    """Field names of the driver's config structs, read from src/config.rs
+    (serde rename_all = camelCase, deny_unknown_fields)."""
+    src = open(os.path.join(REPO, "src", "config.rs")).read()
+    out = {}
+    for struct in ("Config", "DirPoolConfig", "LvmPoolConfig"):
+        m = re.search(r"pub struct %s \{(.*?)\n\}" % struct, src, re.S)
+        if not m:
+            raise SystemExit(f"validate.py: struct {struct} not found in src/config.rs")
+        out[struct] = {camel(f) for f in re.findall(r"^\s*pub (\w+):", m.group(1), re.M)}
+    return out
+
+
+def serve_help(binary):
+    """Flags, env names and possible values of `localvol serve --help`."""
+    text = subprocess.run([binary, "serve", "--help"], check=True,
+                          capture_output=True, text=True).stdout
+    flags, envs, values = set(), set(), {}
+    for line in text.splitlines():
+        m = re.match(r"^\s+(?:-\w, )?--([a-z0-9-]+)", line)
+        if not m:
+            continue
+        flags.add(m.group(1))
+        for e in re.findall(r"\[env: ([A-Z0-9_]+)=", line):
+            envs.add(e)
+        pv = re.search(r"\[possible values: ([^\]]+)\]", line)
+        if pv:
+            values[m.group(1)] = {v.strip() for v in pv.group(1).split(",")}
+    return text, flags, envs, values
+
+
+def image_parts(image):
+    repo, _, tag = image.rpartition(":")
+    if "/" in tag or not repo:
+        return image, ""
+    return repo, tag
+
+
+def strip_hash(name):
+    """kustomize's configMapGenerator suffix: localvol-config-447tkdtt5c."""
+    return re.sub(r"-[a-z0-9]{10}$", "", name)
+
+
+# ---------------------------------------------------------------------------
+# Checks on one render (a list of documents)
+
+def check_schemas(render, docs):
+    bad = []
+    for d in docs:
+        kind, name = d.get("kind"), d.get("metadata", {}).get("name")
+        if kind == "VolumeSnapshotClass":
+            try:
+                jsonschema.validate(d, VSC_SCHEMA)
+            except jsonschema.ValidationError as e:
+                bad.append(f"{kind}/{name}: {e.message}")
+            continue
+        for v in K8S_VERSIONS:
+            try:
+                kubernetes_validate.validate(d, v, strict=True)
+            except kubernetes_validate.ValidationError as e:
+                path = ".".join(str(p) for p in e.path)
+                bad.append(f"{kind}/{name} (k8s {v}) at {path}: {e.message}")
+            except kubernetes_validate.SchemaNotFoundError as e:
+                bad.append(f"{kind}/{name} (k8s {v}): {e.message}")
+    R.check(not bad, f"{render}: {len(docs)} objects valid against the Kubernetes "
+            f"{' and '.join(K8S_VERSIONS)} OpenAPI schemas (strict)", "; ".join(bad[:8]))
+
+
+def by_kind(docs, kind):
+    return [d for d in docs if d.get("kind") == kind]
+
+
+def container_mounts(pod, container):
+    vols = {v["name"]: v for v in pod.get("volumes", [])}
+    return [(m, vols.get(m["name"])) for m in container.get("volumeMounts", [])]
+
+
+def check_driver_config(render, cfg, fields, pod, localvol):
+    problems = []
+    if not isinstance(cfg, dict):
+        R.check(False, f"{render}: config.yaml is a mapping", repr(cfg)[:80])
+        return None
+    extra = set(cfg) - fields["Config"]
+    if extra:
+        problems.append(f"unknown top-level keys {sorted(extra)}")
+    pools = cfg.get("pools") or []
+    if not pools:
+        problems.append("no pools")
+    names = [p.get("name") for p in pools]
+    if len(set(names)) != len(names):
+        problems.append(f"duplicate pool names {names}")
+    if cfg.get("defaultPool") is not None and cfg["defaultPool"] not in names:
+        problems.append(f"defaultPool {cfg['defaultPool']!r} is not a pool")
+    mvpn = cfg.get("maxVolumesPerNode", 0)
+    if not isinstance(mvpn, int) or mvpn < 0:
+        problems.append("maxVolumesPerNode must be an integer >= 0")
+    mounts = container_mounts(pod, localvol) if localvol else []
+    for p in pools:
+        n = p.get("name")
+        if not isinstance(n, str) or not POOL_NAME.match(n):
+            problems.append(f"pool name {n!r} is not 1-32 of a-z, 0-9, '-'")
+        t = p.get("type")
+        if t == "dir":
+            allowed = fields["DirPoolConfig"] | {"type"}
+            path = p.get("path")
+            if not isinstance(path, str) or not path.startswith("/"):
+                problems.append(f"pool {n}: path must be absolute")
+            elif localvol:
+                covering = [(m, v) for m, v in mounts
+                            if path == m["mountPath"] or path.startswith(m["mountPath"].rstrip("/") + "/")]
+                host = [(m, v) for m, v in covering if v and "hostPath" in v
+                        and v["hostPath"]["path"].rstrip("/") == m["mountPath"].rstrip("/")]
+                if not host:
+                    problems.append(f"pool {n}: {path} is not below a hostPath mounted at the same path")
+            q = p.get("quota", "auto")
+            if q not in ("required", "auto", "off"):
+                problems.append(f"pool {n}: quota {q!r} is not required, auto or off")
+            for k in ("reserve", "capacity", "defaultSize"):
+                if k in p and parse_size(p[k]) is None:
+                    problems.append(f"pool {n}: {k} {p[k]!r} is not a size")
+        elif t == "lvm":
+            allowed = fields["LvmPoolConfig"] | {"type"}
+            vg = p.get("volumeGroup")
+            if not isinstance(vg, str) or not LVM_NAME.match(vg):
+                problems.append(f"pool {n}: volumeGroup {vg!r} is not an LVM name")
+            thin = p.get("thinPool")
+            if thin is not None and not (isinstance(thin, str) and LVM_NAME.match(thin)):
+                problems.append(f"pool {n}: thinPool {thin!r} is not an LVM name")
+            if thin is None and "overprovisionRatio" in p:
+                problems.append(f"pool {n}: overprovisionRatio needs a thinPool")
+            if thin is not None and p.get("lvcreateOptions"):
+                problems.append(f"pool {n}: lvcreateOptions apply to thick pools only")
+            for k in ("overprovisionRatio", "capacityOverhead"):
+                if k in p and not (isinstance(p[k], (int, float)) and p[k] >= 1):
+                    problems.append(f"pool {n}: {k} must be a number >= 1")
+            if p.get("defaultFsType", "ext4") not in ("ext4", "xfs"):
+                problems.append(f"pool {n}: defaultFsType must be ext4 or xfs")
+            for k in ("reserve", "defaultSize"):
+                if k in p and parse_size(p[k]) is None:
+                    problems.append(f"pool {n}: {k} {p[k]!r} is not a size")
+        else:
+            problems.append(f"pool {n}: type {t!r} is not dir or lvm")
+            continue
+        extra = set(p) - allowed
+        if extra:
+            problems.append(f"pool {n}: unknown keys {sorted(extra)} (src/config.rs)")
+    R.check(not problems, f"{render}: driver config.yaml matches src/config.rs "
+            f"({len(pools)} pools: {', '.join(str(x) for x in names)})", "; ".join(problems))
+    if localvol and any(p.get("type") == "lvm" for p in pools):
+        have = {m["mountPath"]: v for m, v in mounts}
+        miss = [h for h in LVM_HOST_PATHS
+                if not (h in have and have[h] and have[h].get("hostPath", {}).get("path") == h)]
+        R.check(pod.get("hostIPC") is True and not miss,
+                f"{render}: LVM pools get hostIPC and the host's {', '.join(LVM_HOST_PATHS)}",
+                f"hostIPC={pod.get('hostIPC')}, missing {miss}")
+    return {p.get("name"): p for p in pools}
+
+
+def check_localvol(render, ds, docs, help_info):
+    _, flags, envs, values = help_info
+    pod = ds["spec"]["template"]["spec"]
+    c = next((c for c in pod["containers"] if c["name"] == "localvol"), None)
+    if not R.check(c is not None, f"{render}: DaemonSet has a localvol container"):
+        return None, None, None
+    args = c.get("args", [])
+    R.check(bool(args) and args[0] == "serve", f"{render}: localvol runs `serve`",
+            f"args start with {args[:1]}")
+    given = {}
+    unknown, malformed, badval = [], [], []
+    for a in args[1:]:
+        pf = parse_flag(a)
+        if pf is None or pf[1] is None or not a.startswith("--"):
+            malformed.append(a)
+            continue
+        k, v = pf
+        given[k] = v
+        if k not in flags:
+            unknown.append("--" + k)
+            R.missing_driver_flags.setdefault("--" + k, set()).add(render)
+        elif k in values and v not in values[k]:
+            badval.append(f"--{k}={v} (possible: {sorted(values[k])})")
+    R.check(not malformed, f"{render}: localvol args are --flag=value", ", ".join(malformed))
+    R.check(not unknown, f"{render}: every localvol flag is accepted by `localvol serve --help`",
+            "not accepted: " + ", ".join(unknown))
+    R.check(not badval, f"{render}: localvol flag values are among the possible values", "; ".join(badval))
+    env_names = [e["name"] for e in c.get("env", [])]
+    # RUST_LOG is read by tracing's EnvFilter::try_from_default_env (src/main.rs).
+    main_rs = open(os.path.join(REPO, "src", "main.rs")).read()
+    accepted_env = set(envs) | ({"RUST_LOG"} if "try_from_default_env" in main_rs else set())
+    R.check(set(env_names) <= accepted_env,
+            f"{render}: every localvol env name is read by the driver ({', '.join(env_names)})",
+            f"not read: {sorted(set(env_names) - accepted_env)}; accepted: {sorted(accepted_env)}")
+    refs = set(re.findall(r"\$\((\w+)\)", " ".join(args)))
+    R.check(refs <= set(env_names), f"{render}: $(VAR) references in localvol args are defined",
+            f"undefined: {sorted(refs - set(env_names))}")
+    R.check(c.get("securityContext", {}).get("privileged") is True,
+            f"{render}: localvol container is privileged")
+    mounts = container_mounts(pod, c)
+    by_path = {m["mountPath"].rstrip("/"): (m, v) for m, v in mounts}
+    # Endpoint and socket directory.
+    ep = given.get("endpoint", "")
+    sock = ep[len("unix://"):] if ep.startswith("unix://") else None
+    sock_dir = os.path.dirname(sock) if sock else None
+    R.check(sock_dir in by_path, f"{render}: --endpoint {ep} is in a mounted socket directory")
+    socket_vol = by_path.get(sock_dir, (None, None))[0]
+    # kubelet directory.
+    kdir = (given.get("kubelet-dir") or "/var/lib/kubelet").rstrip("/")
+    km = by_path.get(kdir)
+    R.check(km is not None and km[0].get("mountPropagation") == "Bidirectional"
+            and km[1] and km[1].get("hostPath", {}).get("path", "").rstrip("/") == kdir,
+            f"{render}: --kubelet-dir {kdir} is the host's, mounted with Bidirectional propagation")
+    # Config file from a ConfigMap.
+    cfg_path = given.get("config")
+    cfg = None
+    cm_mount = by_path.get(os.path.dirname(cfg_path or "").rstrip("/"))
+    if R.check(cfg_path is not None and cm_mount is not None and cm_mount[1]
+               and "configMap" in cm_mount[1],
+               f"{render}: --config {cfg_path} comes from a mounted ConfigMap"):
+        cm_name = cm_mount[1]["configMap"]["name"]
+        ns = ds["metadata"].get("namespace")
+        cm = next((d for d in by_kind(docs, "ConfigMap")
+                   if d["metadata"]["name"] == cm_name and d["metadata"].get("namespace") == ns), None)
+        key = os.path.basename(cfg_path)
+        if R.check(cm is not None and key in cm.get("data", {}),
+                   f"{render}: ConfigMap {cm_name} holds {key}"):
+            cfg = yaml.safe_load(cm["data"][key])
+    # Metrics address and probes.
+    maddr = given.get("metrics-addr")
+    if maddr is not None:
+        port = int(maddr.rsplit(":", 1)[1])
+        ports = {p.get("name"): p["containerPort"] for p in c.get("ports", [])}
+
+        def probe_port(probe):
+            p = (c.get(probe) or {}).get("httpGet", {}).get("port")
+            return ports.get(p) if isinstance(p, str) else p
+        lp, rp = c.get("livenessProbe", {}), c.get("readinessProbe", {})
+        R.check(ports.get("metrics") == port and probe_port("livenessProbe") == port
+                and probe_port("readinessProbe") == port
+                and lp.get("httpGet", {}).get("path") == "/healthz"
+                and rp.get("httpGet", {}).get("path") == "/readyz",
+                f"{render}: metrics port {port} is the container port 'metrics' and "
+                f"serves the liveness (/healthz) and readiness (/readyz) probes")
+    return c, cfg, socket_vol
+
+
+def check_sidecars(render, ds, localvol, socket_vol, kubelet_dir):
+    pod = ds["spec"]["template"]["spec"]
+    seen = {}
+    for c in pod["containers"]:
+        if c["name"] == "localvol":
+            continue
+        repo, tag = image_parts(c["image"])
+        name = repo.rsplit("/", 1)[-1]
+        spec = SIDECARS.get(name)
+        if not R.check(spec is not None and repo == f"registry.k8s.io/sig-storage/{name}",
+                       f"{render}: container {c['name']} is a known sidecar image", c["image"]):
+            continue
+        seen[name] = c
+        R.check(tag == spec["tag"], f"{render}: {name} pinned to {spec['tag']}", f"tag {tag!r}")
+        given, bad = {}, []
+        for a in c.get("args", []):
+            pf = parse_flag(a)
+            if pf is None:
+                bad.append(a)
+                continue
+            given[pf[0]] = pf[1]
+            if pf[0] not in spec["flags"]:
+                bad.append(a)
+        gates = [g.split("=")[0] for g in (given.get("feature-gates") or "").split(",") if g]
+        bad += [f"feature gate {g}" for g in gates if g not in spec["feature_gates"]]
+        R.check(not bad, f"{render}: {name} flags are documented for {spec['tag']}", ", ".join(bad))
+        miss = [f"--{k}" + (f"={v}" if v else "") for k, v in spec["required"].items()
+                if k not in given or (v is not None and given[k] != v)]
+        miss += [f"no --{k}" for k in spec["forbidden"] if k in given]
+        env = {e["name"]: e.get("valueFrom", {}).get("fieldRef", {}).get("fieldPath")
+               for e in c.get("env", [])}
+        miss += [f"env {k} from {v}" for k, v in spec["env"].items() if env.get(k) != v]
+        refs = set(re.findall(r"\$\((\w+)\)", " ".join(c.get("args", []))))
+        miss += [f"env {r} (referenced)" for r in refs if r not in env]
+        if socket_vol:
+            vm = {m["name"]: m["mountPath"] for m in c.get("volumeMounts", [])}
+            if vm.get(socket_vol["name"]) != socket_vol["mountPath"]:
+                miss.append(f"socket volume {socket_vol['name']} at {socket_vol['mountPath']}")
+        R.check(not miss, f"{render}: {name} has what this deployment needs", ", ".join(miss))
+        if name == "csi-node-driver-registrar":
+            vols = {v["name"]: v for v in pod.get("volumes", [])}
+            want = f"{kubelet_dir}/plugins/{DRIVER}/csi.sock"
+            sockhost = vols.get(socket_vol["name"], {}).get("hostPath", {}).get("path") if socket_vol else None
+            reg = [vols.get(m["name"], {}).get("hostPath", {}).get("path")
+                   for m in c.get("volumeMounts", []) if m["mountPath"] == "/registration"]
+            R.check(given.get("kubelet-registration-path") == want
+                    and sockhost == os.path.dirname(want)
+                    and reg == [f"{kubelet_dir}/plugins_registry"],
+                    f"{render}: registrar registers {want} (the socket directory's host path) "
+                    f"through {kubelet_dir}/plugins_registry",
+                    f"path={given.get('kubelet-registration-path')}, socket dir={sockhost}, registration={reg}")
+        if name == "livenessprobe" and localvol:
+            sp = (localvol.get("startupProbe") or {}).get("httpGet", {}).get("port")
+            R.check(str(sp) == given.get("health-port"),
+                    f"{render}: localvol's startupProbe asks the liveness-probe sidecar "
+                    f"(port {given.get('health-port')})", f"startupProbe port {sp}")
+    for required in ("csi-provisioner", "csi-resizer", "csi-node-driver-registrar", "livenessprobe"):
+        R.check(required in seen, f"{render}: DaemonSet runs {required}")
+    ports = [p["containerPort"] for c in pod["containers"] for p in c.get("ports", [])]
+    R.check(len(ports) == len(set(ports)), f"{render}: container ports are distinct ({sorted(ports)})")
+    return seen
+
+
+def check_rbac(render, docs, ds, sidecars):
+    sa = ds["spec"]["template"]["spec"].get("serviceAccountName")
+    ns = ds["metadata"].get("namespace")
+    R.check(any(d["metadata"]["name"] == sa and d["metadata"].get("namespace") == ns
+                for d in by_kind(docs, "ServiceAccount")),
+            f"{render}: ServiceAccount {ns}/{sa} exists")
+    roles = {}
+    for d in by_kind(docs, "ClusterRole") + by_kind(docs, "Role"):
+        m = re.search(r"-(provisioner|resizer|snapshotter)$", d["metadata"]["name"])
+        if not R.check(m is not None, f"{render}: {d['kind']} {d['metadata']['name']} is a known role"):
+            continue
+        key = (d["kind"], m.group(1))
+        roles[key] = d
+        got = {}
+        for rule in d.get("rules", []):
+            for g in rule.get("apiGroups", []):
+                for r in rule.get("resources", []):
+                    got.setdefault((g, r), set()).update(rule.get("verbs", []))
+        want = RBAC.get(key, {})
+        diff = []
+        for gr in sorted(set(got) | set(want)):
+            if got.get(gr, set()) != want.get(gr, set()):
+                diff.append(f"{gr[0] or 'core'}/{gr[1]}: has {sorted(got.get(gr, []))}, "
+                            f"expected {sorted(want.get(gr, []))}")
+        if d["kind"] == "Role":
+            diff += [] if d["metadata"].get("namespace") == ns else [f"namespace {d['metadata'].get('namespace')}"]
+        R.check(not diff, f"{render}: {d['kind']} {d['metadata']['name']} grants exactly the documented rules",
+                "; ".join(diff))
+    needed = {("ClusterRole", ROLE_OF_SIDECAR[s]) for s in sidecars if s in ROLE_OF_SIDECAR}
+    needed |= {("Role", "provisioner")} if "csi-provisioner" in sidecars else set()
+    leader = "csi-resizer" in sidecars and any(
+        a.startswith("--leader-election") for a in sidecars["csi-resizer"].get("args", []))
+    needed |= {("Role", "resizer")} if leader else set()
+    R.check(set(roles) == needed, f"{render}: roles match the sidecars present ({len(needed)})",
+            f"present {sorted(roles)}, needed {sorted(needed)}")
+    bound = set()
+    for b in by_kind(docs, "ClusterRoleBinding") + by_kind(docs, "RoleBinding"):
+        ref = b["roleRef"]
+        target = next((r for k, r in roles.items() if r["kind"] == ref["kind"]
+                       and r["metadata"]["name"] == ref["name"]), None)
+        subj_ok = b.get("subjects") == [{"kind": "ServiceAccount", "name": sa, "namespace": ns}]
+        ns_ok = b["kind"] == "ClusterRoleBinding" or b["metadata"].get("namespace") == ns
+        if R.check(target is not None and subj_ok and ns_ok,
+                   f"{render}: {b['kind']} {b['metadata']['name']} binds {ref['kind']} {ref['name']} "
+                   f"to {ns}/{sa}"):
+            bound.add((ref["kind"], ref["name"]))
+    unbound = [f"{r['kind']} {r['metadata']['name']}" for r in roles.values()
+               if (r["kind"], r["metadata"]["name"]) not in bound]
+    R.check(not unbound, f"{render}: every role is bound", ", ".join(unbound))
+
+
+def check_classes(render, docs, pools, sidecars, shipped):
+    d = by_kind(docs, "CSIDriver")
+    want = {"attachRequired": False, "podInfoOnMount": True, "storageCapacity": True,
+            "fsGroupPolicy": "File", "volumeLifecycleModes": ["Persistent"],
+            "requiresRepublish": False}
+    R.check(len(d) == 1 and d[0]["metadata"]["name"] == DRIVER and d[0]["spec"] == want,
+            f"{render}: CSIDriver {DRIVER} {json.dumps(want)}",
+            json.dumps(d[0]["spec"]) if d else "missing")
+    scs = by_kind(docs, "StorageClass")
+    defaults = [s["metadata"]["name"] for s in scs
+                if s["metadata"].get("annotations", {}).get("storageclass.kubernetes.io/is-default-class") == "true"]
+    R.check(len(defaults) <= 1, f"{render}: at most one default StorageClass ({defaults})")
+    for s in scs:
+        n, params = s["metadata"]["name"], s.get("parameters", {})
+        problems = []
+        if s.get("provisioner") != DRIVER:
+            problems.append(f"provisioner {s.get('provisioner')}")
+        problems += [f"unknown parameter {k}" for k in params if not SC_PARAMS.match(k)]
+        pool = pools.get(params.get("pool")) if pools is not None else None
+        if pool is None:
+            problems.append(f"pool {params.get('pool')!r} is not in the driver config")
+        else:
+            fs = params.get("csi.storage.k8s.io/fstype")
+            if pool["type"] == "lvm" and fs not in (None, "ext4", "xfs"):
+                problems.append(f"fstype {fs} (ext4 | xfs)")
+            if pool["type"] == "dir" and fs:
+                problems.append("fstype on a directory pool")
+            if "inodeLimit" in params and (pool["type"] != "dir" or pool.get("quota") == "off"):
+                problems.append("inodeLimit needs a dir pool with quotas")
+        if shipped:
+            if s.get("volumeBindingMode") != "WaitForFirstConsumer":
+                problems.append("volumeBindingMode is not WaitForFirstConsumer")
+            if s.get("allowVolumeExpansion") is not True:
+                problems.append("allowVolumeExpansion is not true")
+        R.check(not problems, f"{render}: StorageClass {n} (pool {params.get('pool')})", "; ".join(problems))
+    vscs = by_kind(docs, "VolumeSnapshotClass")
+    has_lvm = pools is not None and any(p.get("type") == "lvm" for p in pools.values())
+    R.check(bool(vscs) == ("csi-snapshotter" in sidecars) and (not vscs or has_lvm),
+            f"{render}: VolumeSnapshotClasses only with the csi-snapshotter sidecar and LVM pools "
+            f"({len(vscs)} classes, snapshotter {'csi-snapshotter' in sidecars}, LVM {has_lvm})")
+    for v in vscs:
+        bad = [k for k in v.get("parameters", {}) if not VSC_PARAMS.match(k)]
+        R.check(v.get("driver") == DRIVER and not bad,
+                f"{render}: VolumeSnapshotClass {v['metadata']['name']} is for {DRIVER}",
+                f"driver {v.get('driver')}, unknown parameters {bad}")
+
+
+def check_render(render, path, help_info, fields, shipped):
+    R.section(render)
+    docs = load_docs(path)
+    check_schemas(render, docs)
+    dss = by_kind(docs, "DaemonSet")
+    if not R.check(len(dss) == 1, f"{render}: one DaemonSet"):
+        return docs
+    ds = dss[0]
+    localvol, cfg, socket_vol = check_localvol(render, ds, docs, help_info)
+    pools = check_driver_config(render, cfg, fields, ds["spec"]["template"]["spec"], localvol) \
+        if cfg is not None else None
+    kdir = "/var/lib/kubelet"
+    if localvol:
+        for a in localvol.get("args", []):
+            if a.startswith("--kubelet-dir="):
+                kdir = a.split("=", 1)[1].rstrip("/")
+    sidecars = check_sidecars(render, ds, localvol, socket_vol, kdir)
+    check_rbac(render, docs, ds, sidecars)
+    check_classes(render, docs, pools, sidecars, shipped)
+    return docs
+
+
+# ---------------------------------------------------------------------------
+# The kustomize base and the chart must deploy the same thing.
+
+def normalize(docs):
+    out = {}
+    for d in docs:
+        d = copy.deepcopy(d)
+        if d["kind"] == "Namespace":   # Helm installs into an existing namespace
+            continue
+        md = d["metadata"]
+        md.pop("labels", None)
+        ann = md.get("annotations", {})
+        md["annotations"] = {k: v for k, v in ann.items() if "is-default-class" in k}
+        if not md["annotations"]:
+            del md["annotations"]
+        if d["kind"] == "ConfigMap":
+            md["name"] = strip_hash(md["name"])
+            d["data"] = {k: yaml.safe_load(v) for k, v in d["data"].items()}
+        if d["kind"] == "DaemonSet":
+            t = d["spec"]["template"]
+            t["metadata"]["annotations"].pop("checksum/config", None)
+            pod = t["spec"]
+            for v in pod.get("volumes", []):
+                if "configMap" in v:
+                    v["configMap"]["name"] = strip_hash(v["configMap"]["name"])
+            pod["containers"].sort(key=lambda c: c["name"])
+            pod["volumes"].sort(key=lambda v: v["name"])
+            for c in pod["containers"]:
+                c.get("volumeMounts", []).sort(key=lambda m: m["mountPath"])
+        out[(d["kind"], md.get("namespace"), md["name"])] = d
+    return out
+
+
+def diff(a, b, path=""):
+    if type(a) != type(b) and not (isinstance(a, (int, float)) and isinstance(b, (int, float))):
+        return [f"{path}: {a!r} != {b!r}"]
+    if isinstance(a, dict):
+        out = []
+        for k in sorted(set(a) | set(b), key=str):
+            if k not in a or k not in b:
+                out.append(f"{path}.{k}: only in {'kustomize' if k in a else 'helm'}")
+            else:
+                out += diff(a[k], b[k], f"{path}.{k}")
+        return out
+    if isinstance(a, list):
+        if len(a) != len(b):
+            return [f"{path}: {len(a)} items != {len(b)} items"]
+        return [x for i, (p, q) in enumerate(zip(a, b)) for x in diff(p, q, f"{path}[{i}]")]
+    return [] if a == b else [f"{path}: {a!r} != {b!r}"]
+
+
+def check_parity(kname, kdocs, hname, hdocs):
+    R.section(f"{kname} == {hname}")
+    k, h = normalize(kdocs), normalize(hdocs)
+    R.check(set(k) == set(h), f"{kname} and {hname} create the same objects ({len(k)})",
+            f"only kustomize: {sorted(set(k) - set(h))}; only helm: {sorted(set(h) - set(k))}")
+    for key in sorted(set(k) & set(h), key=str):
+        dd = diff(k[key], h[key])
+        R.check(not dd, f"{key[0]} {key[2]} is the same in both", "; ".join(dd[:6]))
+
+
+# ---------------------------------------------------------------------------
+# The files themselves.
+
+def check_sources(fields):
+    R.section("deploy/kubernetes sources")
+    kroot = os.path.join(REPO, "deploy", "kubernetes")
+    for kfile in sorted(glob.glob(os.path.join(kroot, "**", "kustomization.yaml"), recursive=True)):
+        d = os.path.dirname(kfile)
+        rel = os.path.relpath(d, REPO)
+        k = yaml.safe_load(open(kfile))
+        used = set(k.get("resources", []))
+        patches = {p["path"] for p in k.get("patches", []) if "path" in p}
+        used |= patches
+        for g in k.get("configMapGenerator", []):
+            used |= {f.split("=")[-1] for f in g.get("files", [])}
+        files = {os.path.basename(f) for f in glob.glob(os.path.join(d, "*.yaml"))} - {"kustomization.yaml"}
+        orphans = sorted(files - used)
+        R.check(not orphans, f"{rel}: every YAML file is used by its kustomization", ", ".join(orphans))
+        for f in sorted(files & used):
+            path = os.path.join(d, f)
+            if f in patches or f == "config.yaml":
+                continue
+            bad = []
+            for doc in load_docs(path):
+                if doc.get("kind") == "VolumeSnapshotClass":
+                    try:
+                        jsonschema.validate(doc, VSC_SCHEMA)
+                    except jsonschema.ValidationError as e:
+                        bad.append(e.message)
+                    continue
+                for v in K8S_VERSIONS:
+                    try:
+                        kubernetes_validate.validate(doc, v, strict=True)
+                    except (kubernetes_validate.ValidationError, kubernetes_validate.SchemaNotFoundError) as e:
+                        bad.append(f"{doc.get('kind')} (k8s {v}): {getattr(e, 'message', e)}")
+            R.check(not bad, f"{rel}/{f} alone is valid", "; ".join(bad[:5]))
+    # Chart values schema vs the driver's config fields.
+    schema = json.load(open(os.path.join(REPO, "deploy", "helm", "localvol", "values.schema.json")))
+    dirp = set(schema["definitions"]["dirPool"]["properties"]) - {"hostPathType"}
+    lvmp = set(schema["definitions"]["lvmPool"]["properties"])
+    R.check(dirp == fields["DirPoolConfig"] | {"type"} and lvmp == fields["LvmPoolConfig"] | {"type"},
+            "chart values.schema.json pool keys are src/config.rs's",
+            f"dir {sorted(dirp ^ (fields['DirPoolConfig'] | {'type'}))}, "
+            f"lvm {sorted(lvmp ^ (fields['LvmPoolConfig'] | {'type'}))}")
+    # Versions: the image the manifests deploy is this crate's.
+    cargo = open(os.path.join(REPO, "Cargo.toml")).read()
+    version = re.search(r'^version\s*=\s*"([^"]+)"', cargo, re.M).group(1)
+    chart = yaml.safe_load(open(os.path.join(REPO, "deploy", "helm", "localvol", "Chart.yaml")))
+    base = yaml.safe_load(open(os.path.join(kroot, "base", "kustomization.yaml")))
+    tags = [i.get("newTag") for i in base.get("images", []) if i.get("name") == "localvol"]
+    R.check(chart.get("appVersion") == version and tags == [version],
+            f"chart appVersion and the kustomize image tag are the crate version {version}",
+            f"appVersion {chart.get('appVersion')}, kustomize {tags}")
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--bin", required=True, help="the localvol binary")
+    ap.add_argument("--renders", required=True, help="directory of kustomize-*.yaml and helm-*.yaml")
+    ap.add_argument("--parity", action="append", default=[],
+                    help="KUSTOMIZE_RENDER=HELM_RENDER pairs that must match")
+    ap.add_argument("--custom", action="append", default=[],
+                    help="renders with non-default values (class policy not enforced)")
+    a = ap.parse_args()
+
+    help_info = serve_help(a.bin)
+    fields = config_fields()
+    print(f"localvol serve flags: {', '.join('--' + f for f in sorted(help_info[1]))}")
+    print(f"localvol serve env:   {', '.join(sorted(help_info[2]))}")
+    check_sources(fields)
+    docs = {}
+    for path in sorted(glob.glob(os.path.join(a.renders, "*.yaml"))):
+        name = os.path.basename(path)[:-len(".yaml")]
+        docs[name] = check_render(name, path, help_info, fields, name not in a.custom)
+    for pair in a.parity:
+        kname, hname = pair.split("=")
+        check_parity(kname, docs[kname], hname, docs[hname])
+
+    if R.missing_driver_flags:
+        print("\nlocalvol serve does not accept these flags the manifests use (add them to the driver):")
+        for flag, renders in sorted(R.missing_driver_flags.items()):
+            print(f"  {flag}  (used by {', '.join(sorted(renders))})")
+    print(f"\n{R.passed} passed, {R.failed} failed")
+    return 1 if R.failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
