@@ -994,13 +994,15 @@ async fn controller_get_capabilities() {
         Rpc::CreateDeleteVolume as i32,
         Rpc::ListVolumes as i32,
         Rpc::GetCapacity as i32,
-        Rpc::ExpandVolume as i32,
         Rpc::SingleNodeMultiWriter as i32,
     ];
     want.sort();
     assert_eq!(got, want, "{r:?}");
     // Not advertised, and not implemented either (checked below).
+    // Expansion is node-only (NodeExpandVolume on the node that holds the
+    // volume), so a central external-resizer works.
     for absent in [
+        Rpc::ExpandVolume,
         Rpc::PublishUnpublishVolume,
         Rpc::CreateDeleteSnapshot,
         Rpc::ListSnapshots,

@@ -8,7 +8,11 @@
 //! (a retry, or a crash mid-create) recognises it by those tags instead of
 //! making a second one.
 
+use std::collections::HashMap;
 use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+
+use futures::future::{BoxFuture, FutureExt, Shared};
 
 use async_trait::async_trait;
 
@@ -38,6 +42,9 @@ const TAG_SIZE: &str = "localvol.size";
 const TAG_RESTORING: &str = "localvol.restoring";
 /// The volume's filesystem is smaller than the LV (restored into a larger one).
 const TAG_GROW: &str = "localvol.grow";
+/// A volume whose `lvcreate` has not been seen to finish: it stays invisible
+/// until a (retried) create completes it (see [`LvmPool::finish_create`]).
+const TAG_CREATING: &str = "localvol.creating";
 /// A thin pool fuller than this makes its volumes' condition abnormal.
 const THIN_FULL_PERCENT: f64 = 90.0;
 
@@ -51,10 +58,43 @@ pub struct LvmPool {
     overhead: f64,
     default_fs: FsType,
     default_size: u64,
+    /// Block copies of thick restores and clones in flight, by target LV. They
+    /// run in tasks of their own: a CreateVolume cancelled by its caller's
+    /// timeout does not kill the copy, and the retried call joins it.
+    copies: Arc<Mutex<HashMap<String, SharedCopy>>>,
     /// Held from the capacity check through `lvcreate`/`lvextend`, so
     /// concurrent creates cannot together overfill the pool. LVM serialises
     /// changes to a VG with its own lock anyway, so this costs no parallelism.
     alloc: tokio::sync::Mutex<()>,
+}
+
+type SharedCopy = Shared<BoxFuture<'static, std::result::Result<(), String>>>;
+
+/// Copies a source LV's data into a restoring LV, then clears its
+/// `restoring` tag: only a complete copy becomes a visible volume.
+async fn copy_and_mark(vg: String, from: String, to: String, bytes: u64) -> Result<()> {
+    crate::command::Cmd::new("dd")
+        .arg(format!("if=/dev/{vg}/{from}"))
+        .arg(format!("of=/dev/{vg}/{to}"))
+        .args([
+            "bs=4M",
+            "iflag=count_bytes",
+            "oflag=direct",
+            "conv=fsync,notrunc",
+            "status=none",
+        ])
+        .arg(format!("count={bytes}"))
+        .timeout(std::time::Duration::from_secs(24 * 3600))
+        .run()
+        .await?;
+    lvm::change(vec![
+        "lvchange".into(),
+        "--deltag".into(),
+        TAG_RESTORING.into(),
+        format!("{vg}/{to}"),
+    ])
+    .await?;
+    Ok(())
 }
 
 fn lv_name(key: &VolumeKey) -> String {
@@ -78,6 +118,7 @@ impl LvmPool {
             overhead: cfg.capacity_overhead.unwrap_or(1.0),
             default_size: cfg.default_size.map_or(DEFAULT_VOLUME_SIZE, |d| d.0),
             alloc: tokio::sync::Mutex::new(()),
+            copies: Arc::default(),
         };
         pool.check()
             .await
@@ -96,7 +137,7 @@ impl LvmPool {
 
     /// The volume an LV of this pool represents (None for other LVs).
     fn to_volume(&self, lv: &LvInfo) -> Option<Volume> {
-        if !self.is_ours(lv) || lv.has_tag(TAG_RESTORING) {
+        if !self.is_ours(lv) || lv.has_tag(TAG_RESTORING) || lv.has_tag(TAG_CREATING) {
             return None;
         }
         let key = VolumeKey::parse(lv.name.strip_prefix("lv-")?)?;
@@ -185,6 +226,31 @@ impl LvmPool {
                 }
             }
         }
+    }
+
+    /// Runs, or joins, the copy into a restoring LV, and waits for it.
+    async fn finish_copy(&self, from: String, to: String, bytes: u64) -> Result<()> {
+        let copy = {
+            let mut copies = self.copies.lock().expect("copies lock poisoned");
+            copies
+                .entry(to.clone())
+                .or_insert_with(|| {
+                    let (vg, all, key) = (self.vg.clone(), self.copies.clone(), to.clone());
+                    let task = tokio::spawn(async move {
+                        let res = copy_and_mark(vg, from, key.clone(), bytes)
+                            .await
+                            .map_err(|e| e.to_string());
+                        all.lock().expect("copies lock poisoned").remove(&key);
+                        res
+                    });
+                    async move { task.await.map_err(|e| format!("copy task failed: {e}"))? }
+                        .boxed()
+                        .shared()
+                })
+                .clone()
+        };
+        copy.await
+            .map_err(|e| Error::Internal(format!("copying into {}: {e}", self.lv_path(&to))))
     }
 
     /// Creates a volume from a snapshot or another volume. Thin pools: a thin
@@ -293,33 +359,10 @@ impl LvmPool {
             )));
         }
         if lv.has_tag(TAG_RESTORING) {
-            // Copy the source's data (the whole source, so a larger target
-            // keeps the source's filesystem intact), then mark it complete.
-            let (from, to) = (
-                format!("/dev/{}/{}", self.vg, src_lv.name),
-                format!("/dev/{}/{name}", self.vg),
-            );
-            crate::command::Cmd::new("dd")
-                .arg(format!("if={from}"))
-                .arg(format!("of={to}"))
-                .args([
-                    "bs=4M",
-                    "iflag=count_bytes",
-                    "oflag=direct",
-                    "conv=fsync,notrunc",
-                    "status=none",
-                ])
-                .arg(format!("count={src_size}"))
-                .timeout(std::time::Duration::from_secs(6 * 3600))
-                .run()
+            // Copy the whole source, so a larger target keeps the source's
+            // filesystem intact (it is grown at stage).
+            self.finish_copy(src_lv.name.clone(), name.clone(), src_size)
                 .await?;
-            lvm::change(vec![
-                "lvchange".into(),
-                "--deltag".into(),
-                TAG_RESTORING.into(),
-                self.lv_path(&name),
-            ])
-            .await?;
         }
         let lv = self
             .lookup(&req.id.key)
@@ -416,6 +459,49 @@ impl LvmPool {
         Ok(())
     }
 
+    /// Completes a volume whose `lvcreate` may have been cut short: killed
+    /// with the driver (a pod's cgroup kill, the OOM killer, a power cut)
+    /// after committing the LV but before activating or wiping it. Activates
+    /// it and, when `wipe`, removes every signature and zeroes its start (what
+    /// `lvcreate --wipesignatures y --zero y` does after activation), then
+    /// drops the `creating` tag: a crash never hands out an inactive LV or a
+    /// deleted volume's filesystem. Nothing can have been written to the LV:
+    /// its create has not answered yet.
+    async fn finish_create(&self, lv: &LvInfo, wipe: bool) -> Result<()> {
+        let path = self.lv_path(&lv.name);
+        if !lv.is_active() {
+            lvm::change(vec![
+                "lvchange".into(),
+                "--activate".into(),
+                "y".into(),
+                path.clone(),
+            ])
+            .await?;
+        }
+        if wipe && self.thin.is_none() {
+            let dev = format!("/dev/{path}");
+            crate::command::Cmd::new("wipefs")
+                .args(["--all", "--force", "--quiet"])
+                .arg(&dev)
+                .run()
+                .await?;
+            crate::command::Cmd::new("dd")
+                .args(["if=/dev/zero", "bs=4096", "count=1", "oflag=direct"])
+                .args(["conv=fsync,notrunc", "status=none"])
+                .arg(format!("of={dev}"))
+                .run()
+                .await?;
+        }
+        lvm::change(vec![
+            "lvchange".into(),
+            "--deltag".into(),
+            TAG_CREATING.into(),
+            path,
+        ])
+        .await?;
+        Ok(())
+    }
+
     fn create_args(&self, req: &CreateRequest, size: u64) -> Vec<String> {
         let access = match req.access_type {
             AccessType::Block => "block",
@@ -433,6 +519,7 @@ impl LvmPool {
             format!("{TAG_POOL}={}", self.name),
             format!("{TAG_NAME}={}", lvm::encode_tag_value(req.name.as_str())),
             format!("{TAG_ACCESS}={access}"),
+            TAG_CREATING.to_owned(),
         ] {
             a.extend(["--addtag".into(), tag]);
         }
@@ -557,7 +644,16 @@ impl Pool for LvmPool {
         if let Some(src) = &req.source {
             return self.create_from(req, src).await;
         }
-        if let Some(lv) = self.lookup(&req.id.key).await? {
+        let encoded_name = lvm::encode_tag_value(req.name.as_str());
+        if let Some(mut lv) = self.lookup(&req.id.key).await? {
+            if self.is_ours(&lv)
+                && lv.has_tag(TAG_CREATING)
+                && lv.tag_value(TAG_NAME) == Some(encoded_name.as_str())
+            {
+                // An earlier create of this volume was cut short: finish it.
+                self.finish_create(&lv, true).await?;
+                lv.tags.retain(|t| t != TAG_CREATING);
+            }
             return match self.to_volume(&lv) {
                 Some(v) => matches_request(v, req),
                 None => Err(Error::AlreadyExists(format!(
@@ -570,19 +666,27 @@ impl Pool for LvmPool {
         let _alloc = self.alloc.lock().await;
         let (ever, now) = self.limits().await?;
         self.check_room(size, ever, now, &format!("volume {}", req.name.as_str()))?;
-        match lvm::change(self.create_args(req, size)).await {
-            Ok(()) => {}
+        let finished = match lvm::change(self.create_args(req, size)).await {
+            Ok(()) => true,
             // A create cut short earlier (or still finishing) made it: check it below.
-            Err(LvmError::AlreadyExists(_)) => {}
+            Err(LvmError::AlreadyExists(_)) => false,
             Err(e) => return Err(e.into()),
-        }
-        let lv = self.lookup(&req.id.key).await?.ok_or_else(|| {
+        };
+        let mut lv = self.lookup(&req.id.key).await?.ok_or_else(|| {
             Error::Internal(format!(
                 "lvcreate succeeded but {}/{} is missing",
                 self.vg,
                 lv_name(&req.id.key)
             ))
         })?;
+        if self.is_ours(&lv)
+            && lv.has_tag(TAG_CREATING)
+            && lv.tag_value(TAG_NAME) == Some(encoded_name.as_str())
+        {
+            // Our lvcreate finished (activated and wiped): only the tag goes.
+            self.finish_create(&lv, !finished).await?;
+            lv.tags.retain(|t| t != TAG_CREATING);
+        }
         let vol = self.to_volume(&lv).ok_or_else(|| {
             Error::AlreadyExists(format!(
                 "LV {}/{} exists and is not this driver's",
@@ -606,6 +710,24 @@ impl Pool for LvmPool {
             return Err(Error::FailedPrecondition(format!(
                 "volume {id} ({}) is in use (mounted or open); unpublish and unstage it first",
                 lv.path
+            )));
+        }
+        // A published raw block volume is a bind of its device node, which
+        // does not open the device: look for it in the mount table.
+        let dev = PathBuf::from(format!("/dev/{}", self.lv_path(&lv.name)));
+        let bound = crate::error::blocking(move || {
+            let table = crate::mount::MountTable::read()?;
+            match crate::nodeops::locate_volume(&table, &Source::Device(dev), AccessType::Block) {
+                Ok(loc) => Ok(table.mounts_of(&loc).next().map(|m| m.mount_point.clone())),
+                // Not active: no device node to bind.
+                Err(Error::NotFound(_)) => Ok(None),
+                Err(e) => Err(e),
+            }
+        })
+        .await?;
+        if let Some(at) = bound {
+            return Err(Error::FailedPrecondition(format!(
+                "volume {id} is published at {at:?}; unpublish it first"
             )));
         }
         let dependants: Vec<String> = lvm::lvs(&self.vg)

@@ -429,11 +429,15 @@ impl csi::controller_server::Controller for ControllerService {
             r#type: Some(CapType::Rpc(Rpc { r#type: t as i32 })),
         };
         rpc("ControllerGetCapabilities", "", async {
+            // No EXPAND_VOLUME: expansion is node-only. A central resizer
+            // cannot reach the node that holds a volume, so it only records the
+            // new size and kubelet calls NodeExpandVolume on the right node,
+            // which raises the quota or extends the LV. (ControllerExpandVolume
+            // still works when called on the owning node, e.g. by the client.)
             let mut capabilities = vec![
                 cap(RpcType::CreateDeleteVolume),
                 cap(RpcType::ListVolumes),
                 cap(RpcType::GetCapacity),
-                cap(RpcType::ExpandVolume),
                 cap(RpcType::SingleNodeMultiWriter),
             ];
             // Only pools that can snapshot make the driver advertise it.
