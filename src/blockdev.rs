@@ -191,6 +191,13 @@ mod tests {
         }
     }
 
+    struct Unmount(std::path::PathBuf);
+    impl Drop for Unmount {
+        fn drop(&mut self) {
+            let _ = crate::mount::unmount(&self.0);
+        }
+    }
+
     fn has_cap_sys_resource() -> bool {
         let status = std::fs::read_to_string("/proc/self/status").unwrap();
         let eff = status
@@ -234,6 +241,8 @@ mod tests {
                 fs.default_mount_data(),
             )
             .unwrap();
+            // Unmounted even when an assertion below fails.
+            let _mounted = Unmount(mnt.path().to_path_buf());
             let before = crate::fsutil::fs_stats(mnt.path()).unwrap().total_bytes;
             let img = lo._dir.path().join("img");
             File::options()
@@ -250,7 +259,6 @@ mod tests {
                 .success());
             grow_fs(&lo.dev, mnt.path(), fs).await.unwrap();
             let after = crate::fsutil::fs_stats(mnt.path()).unwrap().total_bytes;
-            crate::mount::unmount(mnt.path()).unwrap();
             assert!(after > before + (300 << 20), "{fs:?}: {before} -> {after}");
         }
     }

@@ -301,21 +301,25 @@ mod tests {
 
     #[test]
     fn rpc_metrics_follow_naming_conventions() {
-        record_rpc("CreateVolume", tonic::Code::Ok, 0.002);
-        record_rpc("CreateVolume", tonic::Code::AlreadyExists, 0.001);
+        // The registry is process-wide and other tests serve real RPCs: use a
+        // method name no RPC has.
+        record_rpc("TestOnlyMethod", tonic::Code::Ok, 0.002);
+        record_rpc("TestOnlyMethod", tonic::Code::AlreadyExists, 0.001);
+        let pool = PoolLabels {
+            pool: "test-only".into(),
+            backend: "dir",
+        };
+        metrics().pool_free.get_or_create(&pool).set(4096);
         let mut out = String::new();
         prometheus_client::encoding::text::encode(&mut out, &metrics().registry).unwrap();
-        assert!(
-            out.contains(r#"localvol_rpc_requests_total{method="CreateVolume",code="Ok"} 1"#),
-            "{out}"
-        );
-        assert!(out.contains(
-            r#"localvol_rpc_requests_total{method="CreateVolume",code="AlreadyExists"} 1"#
-        ));
-        assert!(
-            out.contains(r#"localvol_rpc_duration_seconds_count{method="CreateVolume"} 2"#),
-            "{out}"
-        );
-        assert!(out.contains("# TYPE localvol_pool_free_bytes gauge"));
+        for want in [
+            r#"localvol_rpc_requests_total{method="TestOnlyMethod",code="Ok"} 1"#,
+            r#"localvol_rpc_requests_total{method="TestOnlyMethod",code="AlreadyExists"} 1"#,
+            r#"localvol_rpc_duration_seconds_count{method="TestOnlyMethod"} 2"#,
+            "# TYPE localvol_pool_free_bytes gauge",
+            r#"localvol_pool_free_bytes{pool="test-only",backend="dir"} 4096"#,
+        ] {
+            assert!(out.contains(want), "{want} missing from:\n{out}");
+        }
     }
 }
