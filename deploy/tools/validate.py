@@ -155,6 +155,30 @@ RBAC = {
         ("snapshot.storage.k8s.io", "volumesnapshotcontents/status"): {"update", "patch"},
     },
 }
+# localvol's own roles: exactly the API calls of its code (grep Api:: in
+# src/controller/ and src/discovery/). kube-runtime's watcher lists and
+# watches; the events Recorder creates events.k8s.io Events and patches them
+# when an event repeats; cluster-scoped objects' Events go to "default", so
+# the Event rule is cluster-wide.
+RBAC.update({
+    # src/controller/mod.rs + lease.rs (`localvol controller`).
+    ("ClusterRole", "controller"): {
+        ("", "nodes"): {"get", "list", "watch"},                 # reflector
+        ("", "persistentvolumes"): {"get", "list", "watch", "delete"},  # reflector, delete_lost_pv
+        ("", "persistentvolumeclaims"): {"get", "delete"},       # get_opt, delete (claimRef namespace)
+        ("storage.k8s.io", "storageclasses"): {"get"},           # claim_opted_in get_opt
+        ("storage.k8s.io", "csistoragecapacities"): {"list", "delete"},  # Api::all list, delete in its namespace
+        ("events.k8s.io", "events"): {"create", "patch"},        # Recorder
+    },
+    ("Role", "controller"): {
+        ("coordination.k8s.io", "leases"): {"get", "create", "update"},  # get_opt, create, replace
+    },
+    # src/discovery/k8s.rs (Discoverer) + orphans.rs, run by `localvol serve`.
+    ("ClusterRole", "discovery"): {
+        ("", "persistentvolumes"): {"get", "list", "watch", "create", "delete"},
+        ("events.k8s.io", "events"): {"create", "patch"},
+    },
+})
 # Which role a sidecar container needs.
 ROLE_OF_SIDECAR = {"csi-provisioner": "provisioner", "csi-resizer": "resizer",
                    "csi-snapshotter": "snapshotter"}
@@ -255,31 +279,38 @@ def camel(snake):
 def config_fields():
     """Field names of the driver's config structs, read from src/config.rs
     (serde rename_all = camelCase, deny_unknown_fields)."""
-    src = open(os.path.join(REPO, "src", "config.rs")).read()
     out = {}
-    for struct in ("Config", "DirPoolConfig", "LvmPoolConfig"):
-        m = re.search(r"pub struct %s \{(.*?)\n\}" % struct, src, re.S)
-        if not m:
-            raise SystemExit(f"validate.py: struct {struct} not found in src/config.rs")
-        out[struct] = {camel(f) for f in re.findall(r"^\s*pub (\w+):", m.group(1), re.M)}
+    for file, structs in (("config.rs", ("Config", "DirPoolConfig", "LvmPoolConfig")),
+                          ("discovery/mod.rs", ("DiscoveryConfig", "DiscoveryClass", "CleanupConfig")),
+                          ("discovery/orphans.rs", ("OrphansConfig",))):
+        src = open(os.path.join(REPO, "src", file)).read()
+        for struct in structs:
+            m = re.search(r"pub struct %s \{(.*?)\n\}" % struct, src, re.S)
+            if not m:
+                raise SystemExit(f"validate.py: struct {struct} not found in src/{file}")
+            out[struct] = {camel(f) for f in re.findall(r"^\s*pub (\w+):", m.group(1), re.M)}
     return out
 
 
-def serve_help(binary):
-    """Flags, env names and possible values of `localvol serve --help`."""
-    text = subprocess.run([binary, "serve", "--help"], check=True,
+def serve_help(binary, sub="serve"):
+    """Flags, env names and possible values of `localvol <sub> --help`."""
+    text = subprocess.run([binary, sub, "--help"], check=True,
                           capture_output=True, text=True).stdout
     flags, envs, values = set(), set(), {}
+    flag = None   # clap puts long help on the lines after the flag
     for line in text.splitlines():
         m = re.match(r"^\s+(?:-\w, )?--([a-z0-9-]+)", line)
-        if not m:
+        if m:
+            flag = m.group(1)
+            flags.add(flag)
+        elif flag is None or not line.startswith(" "):
+            flag = None
             continue
-        flags.add(m.group(1))
         for e in re.findall(r"\[env: ([A-Z0-9_]+)=", line):
             envs.add(e)
         pv = re.search(r"\[possible values: ([^\]]+)\]", line)
         if pv:
-            values[m.group(1)] = {v.strip() for v in pv.group(1).split(",")}
+            values[flag] = {v.strip() for v in pv.group(1).split(",")}
     return text, flags, envs, values
 
 
@@ -408,6 +439,149 @@ def check_driver_config(render, cfg, fields, pod, localvol):
                 f"{render}: LVM pools get hostIPC and the host's {', '.join(LVM_HOST_PATHS)}",
                 f"hostIPC={pod.get('hostIPC')}, missing {miss}")
     return {p.get("name"): p for p in pools}
+
+
+CLEANUP_METHODS = {"delete-contents", "blkdiscard", "zero", "shred", "command"}
+
+
+def check_discovery(render, cfg, fields, pod, localvol):
+    """`discovery:` and `orphans:` of the driver config, and the hostDir mounts.
+    Returns the discovery StorageClass names."""
+    if not isinstance(cfg, dict):
+        return set()
+    mounts = container_mounts(pod, localvol) if localvol else []
+    host_root = [m["mountPath"] for m, v in mounts
+                 if v and "hostPath" in v and v["hostPath"].get("path", "").rstrip("/") == ""]
+    R.check(not host_root, f"{render}: the host's root is not mounted into localvol "
+            "(a second view of the disks makes cleanup refuse)", f"mounted at {host_root}")
+    o = cfg.get("orphans")
+    if o is not None:
+        bad = []
+        if not isinstance(o, dict):
+            bad.append("not a mapping")
+        else:
+            bad += [f"unknown key {k}" for k in set(o) - fields["OrphansConfig"]]
+            if o.get("mode", "report") not in ("report", "reclaim"):
+                bad.append(f"mode {o.get('mode')!r}")
+            g = o.get("graceSeconds", 3600)
+            if not isinstance(g, int) or isinstance(g, bool) or g < 0:
+                bad.append(f"graceSeconds {g!r}")
+        R.check(not bad, f"{render}: orphans config matches src/discovery/orphans.rs", "; ".join(bad))
+    d = cfg.get("discovery")
+    if d is None:
+        return set()
+    problems = []
+    if not isinstance(d, dict):
+        R.check(False, f"{render}: discovery config is a mapping")
+        return set()
+    problems += [f"unknown key {k}" for k in set(d) - fields["DiscoveryConfig"]]
+
+    def host_mount(path, props):
+        """The hostPath mount covering path at the same path, with one of props."""
+        for m, v in mounts:
+            mp = m["mountPath"].rstrip("/")
+            if (path.rstrip("/") == mp or path.startswith(mp + "/")) and v and "hostPath" in v \
+                    and v["hostPath"]["path"].rstrip("/") == mp:
+                return m.get("mountPropagation") in props
+        return None
+    state = d.get("stateDir", "/var/lib/localvol/state")
+    if localvol and not host_mount(state, {"HostToContainer", "Bidirectional", None}):
+        problems.append(f"stateDir {state} is not below a hostPath mounted at the same path")
+    classes = d.get("classes") or []
+    if not classes:
+        problems.append("no classes")
+    names = set()
+    for i, c in enumerate(classes):
+        if not isinstance(c, dict):
+            problems.append(f"class {i}: not a mapping")
+            continue
+        tag = f"class {c.get('storageClass', i)}"
+        problems += [f"{tag}: unknown key {k} (src/discovery/mod.rs)"
+                     for k in set(c) - fields["DiscoveryClass"]]
+        for k in ("storageClass", "hostDir", "volumeMode", "cleanup"):
+            if k not in c:
+                problems.append(f"{tag}: {k} missing")
+        names.add(c.get("storageClass"))
+        if c.get("volumeMode") not in ("Filesystem", "Block"):
+            problems.append(f"{tag}: volumeMode {c.get('volumeMode')!r}")
+        cl = c.get("cleanup") or {}
+        problems += [f"{tag}: cleanup key {k}" for k in set(cl) - fields["CleanupConfig"]]
+        if cl.get("method") not in CLEANUP_METHODS:
+            problems.append(f"{tag}: cleanup.method {cl.get('method')!r}")
+        if (cl.get("method") == "command") != bool(cl.get("command")):
+            problems.append(f"{tag}: cleanup.command goes with method command only")
+        hd = c.get("hostDir")
+        if not isinstance(hd, str) or not hd.startswith("/") or hd.rstrip("/") == "":
+            problems.append(f"{tag}: hostDir {hd!r} must be absolute and not /")
+        elif localvol:
+            ok = host_mount(hd, {"HostToContainer", "Bidirectional"})
+            if ok is None:
+                problems.append(f"{tag}: hostDir {hd} is not below a hostPath mounted at the same path")
+            elif not ok:
+                problems.append(f"{tag}: hostDir {hd} mounted without HostToContainer/Bidirectional propagation")
+    if len(names) != len(classes):
+        problems.append("duplicate storageClass names")
+    R.check(not problems, f"{render}: discovery config matches src/discovery/mod.rs and its "
+            f"hostDirs are mounted at the same path with propagation ({len(classes)} classes)",
+            "; ".join(problems))
+    return {n for n in names if n}
+
+
+def check_controller(render, docs, chelp):
+    """The node-loss controller Deployment against `localvol controller --help`."""
+    deps = by_kind(docs, "Deployment")
+    R.check(len(deps) <= 1, f"{render}: at most one Deployment (the controller)")
+    if not deps:
+        return None
+    dep = deps[0]
+    _, flags, envs, values = chelp
+    pod = dep["spec"]["template"]["spec"]
+    cs = pod["containers"]
+    c = cs[0]
+    R.check(len(cs) == 1 and c.get("args", [None])[0] == "controller",
+            f"{render}: Deployment {dep['metadata']['name']} runs `localvol controller` alone")
+    R.check(1 <= dep["spec"].get("replicas", 1) <= 2,
+            f"{render}: controller replicas {dep['spec'].get('replicas', 1)} in 1..2")
+    given, unknown, badval, malformed = {}, [], [], []
+    for a in c.get("args", [])[1:]:
+        pf = parse_flag(a)
+        if pf is None or pf[1] is None or not a.startswith("--"):
+            malformed.append(a)
+            continue
+        given[pf[0]] = pf[1]
+        if pf[0] not in flags:
+            unknown.append("--" + pf[0])
+            R.missing_driver_flags.setdefault("--" + pf[0], set()).add(render + " (controller)")
+        elif pf[0] in values and pf[1] not in values[pf[0]]:
+            badval.append(a)
+    R.check(not malformed and not unknown and not badval,
+            f"{render}: every controller flag is accepted by `localvol controller --help`",
+            f"malformed {malformed}, not accepted {unknown}, bad values {badval}")
+    env = {e["name"]: e.get("valueFrom", {}).get("fieldRef", {}).get("fieldPath") for e in c.get("env", [])}
+    main_rs = open(os.path.join(REPO, "src", "main.rs")).read()
+    accepted = set(envs) | ({"RUST_LOG"} if "try_from_default_env" in main_rs else set())
+    R.check(set(env) <= accepted, f"{render}: every controller env name is read ({', '.join(env)})",
+            f"not read: {sorted(set(env) - accepted)}")
+    refs = set(re.findall(r"\$\((\w+)\)", " ".join(c.get("args", []))))
+    want_env = {"POD_NAMESPACE": "metadata.namespace", "POD_NAME": "metadata.name"}
+    R.check(all(env.get(k) == v for k, v in want_env.items()) and refs <= set(env)
+            and given.get("lease-namespace") in ("$(POD_NAMESPACE)", None)
+            and given.get("identity") in ("$(POD_NAME)", None)
+            and "node-loss-grace" in given,
+            f"{render}: controller leader-elects in its namespace as its pod "
+            "(POD_NAMESPACE, POD_NAME from the downward API) with --node-loss-grace",
+            f"env {env}, args {given}")
+    psc, sc = pod.get("securityContext", {}), c.get("securityContext", {})
+    uid = sc.get("runAsUser", psc.get("runAsUser"))
+    ok = (sc.get("runAsNonRoot", psc.get("runAsNonRoot")) is True and isinstance(uid, int) and uid > 0
+          and sc.get("readOnlyRootFilesystem") is True and sc.get("allowPrivilegeEscalation") is False
+          and not sc.get("privileged") and "ALL" in sc.get("capabilities", {}).get("drop", [])
+          and not sc.get("capabilities", {}).get("add")
+          and not any(pod.get(k) for k in ("hostNetwork", "hostPID", "hostIPC"))
+          and not any("hostPath" in v for v in pod.get("volumes", [])))
+    R.check(ok, f"{render}: controller runs as non-root uid {uid}, read-only root, no privileges, no host access",
+            json.dumps({"pod": psc, "container": sc}))
+    return dep
 
 
 def check_localvol(render, ds, docs, help_info):
@@ -560,15 +734,22 @@ def check_sidecars(render, ds, localvol, socket_vol, kubelet_dir):
     return seen
 
 
-def check_rbac(render, docs, ds, sidecars):
+def check_rbac(render, docs, ds, sidecars, api_user=False, controller=None):
     sa = ds["spec"]["template"]["spec"].get("serviceAccountName")
     ns = ds["metadata"].get("namespace")
     R.check(any(d["metadata"]["name"] == sa and d["metadata"].get("namespace") == ns
                 for d in by_kind(docs, "ServiceAccount")),
             f"{render}: ServiceAccount {ns}/{sa} exists")
+    csa = None
+    if controller is not None:
+        csa = controller["spec"]["template"]["spec"].get("serviceAccountName")
+        R.check(csa != sa and controller["metadata"].get("namespace") == ns and any(
+                    d["metadata"]["name"] == csa and d["metadata"].get("namespace") == ns
+                    for d in by_kind(docs, "ServiceAccount")),
+                f"{render}: the controller has its own ServiceAccount {ns}/{csa}")
     roles = {}
     for d in by_kind(docs, "ClusterRole") + by_kind(docs, "Role"):
-        m = re.search(r"-(provisioner|resizer|snapshotter)$", d["metadata"]["name"])
+        m = re.search(r"-(provisioner|resizer|snapshotter|controller|discovery)$", d["metadata"]["name"])
         if not R.check(m is not None, f"{render}: {d['kind']} {d['metadata']['name']} is a known role"):
             continue
         key = (d["kind"], m.group(1))
@@ -593,25 +774,29 @@ def check_rbac(render, docs, ds, sidecars):
     leader = "csi-resizer" in sidecars and any(
         a.startswith("--leader-election") for a in sidecars["csi-resizer"].get("args", []))
     needed |= {("Role", "resizer")} if leader else set()
+    needed |= {("ClusterRole", "discovery")} if api_user else set()
+    needed |= {("ClusterRole", "controller"), ("Role", "controller")} if controller is not None else set()
     R.check(set(roles) == needed, f"{render}: roles match the sidecars present ({len(needed)})",
             f"present {sorted(roles)}, needed {sorted(needed)}")
     bound = set()
     for b in by_kind(docs, "ClusterRoleBinding") + by_kind(docs, "RoleBinding"):
         ref = b["roleRef"]
-        target = next((r for k, r in roles.items() if r["kind"] == ref["kind"]
-                       and r["metadata"]["name"] == ref["name"]), None)
-        subj_ok = b.get("subjects") == [{"kind": "ServiceAccount", "name": sa, "namespace": ns}]
+        key = next((k for k, r in roles.items() if r["kind"] == ref["kind"]
+                    and r["metadata"]["name"] == ref["name"]), None)
+        target = roles.get(key)
+        who = csa if key and key[1] == "controller" else sa
+        subj_ok = b.get("subjects") == [{"kind": "ServiceAccount", "name": who, "namespace": ns}]
         ns_ok = b["kind"] == "ClusterRoleBinding" or b["metadata"].get("namespace") == ns
         if R.check(target is not None and subj_ok and ns_ok,
                    f"{render}: {b['kind']} {b['metadata']['name']} binds {ref['kind']} {ref['name']} "
-                   f"to {ns}/{sa}"):
+                   f"to {ns}/{who}"):
             bound.add((ref["kind"], ref["name"]))
     unbound = [f"{r['kind']} {r['metadata']['name']}" for r in roles.values()
                if (r["kind"], r["metadata"]["name"]) not in bound]
     R.check(not unbound, f"{render}: every role is bound", ", ".join(unbound))
 
 
-def check_classes(render, docs, pools, sidecars, shipped):
+def check_classes(render, docs, pools, sidecars, shipped, static_classes=frozenset()):
     d = by_kind(docs, "CSIDriver")
     want = {"attachRequired": False, "podInfoOnMount": True, "storageCapacity": True,
             "fsGroupPolicy": "File", "volumeLifecycleModes": ["Persistent"],
@@ -623,9 +808,25 @@ def check_classes(render, docs, pools, sidecars, shipped):
     defaults = [s["metadata"]["name"] for s in scs
                 if s["metadata"].get("annotations", {}).get("storageclass.kubernetes.io/is-default-class") == "true"]
     R.check(len(defaults) <= 1, f"{render}: at most one default StorageClass ({defaults})")
+    R.check(static_classes <= {s["metadata"]["name"] for s in scs},
+            f"{render}: every discovery class has its StorageClass ({sorted(static_classes)})")
     for s in scs:
         n, params = s["metadata"]["name"], s.get("parameters", {})
         problems = []
+        if n in static_classes:
+            # Static PVs: created by the node plugin; the class only names them.
+            # No dynamic provisioner may serve it, or a claim with no free disk
+            # would get a dynamic volume from the default pool instead of waiting.
+            if s.get("provisioner") != "kubernetes.io/no-provisioner":
+                problems.append(f"provisioner {s.get('provisioner')} (must be kubernetes.io/no-provisioner)")
+            if params:
+                problems.append("static classes take no parameters")
+            if s.get("volumeBindingMode") != "WaitForFirstConsumer":
+                problems.append("volumeBindingMode is not WaitForFirstConsumer")
+            if s.get("reclaimPolicy", "Delete") != "Delete":
+                problems.append("reclaimPolicy is not Delete (the deleter cleans Released PVs)")
+            R.check(not problems, f"{render}: discovery StorageClass {n}", "; ".join(problems))
+            continue
         if s.get("provisioner") != DRIVER:
             problems.append(f"provisioner {s.get('provisioner')}")
         problems += [f"unknown parameter {k}" for k in params if not SC_PARAMS.match(k)]
@@ -658,7 +859,7 @@ def check_classes(render, docs, pools, sidecars, shipped):
                 f"driver {v.get('driver')}, unknown parameters {bad}")
 
 
-def check_render(render, path, help_info, fields, shipped):
+def check_render(render, path, help_info, fields, shipped, chelp=None):
     R.section(render)
     docs = load_docs(path)
     check_schemas(render, docs)
@@ -675,8 +876,13 @@ def check_render(render, path, help_info, fields, shipped):
             if a.startswith("--kubelet-dir="):
                 kdir = a.split("=", 1)[1].rstrip("/")
     sidecars = check_sidecars(render, ds, localvol, socket_vol, kdir)
-    check_rbac(render, docs, ds, sidecars)
-    check_classes(render, docs, pools, sidecars, shipped)
+    pod = ds["spec"]["template"]["spec"]
+    static = check_discovery(render, cfg, fields, pod, localvol) if localvol else set()
+    api_user = isinstance(cfg, dict) and (cfg.get("discovery") is not None or cfg.get("orphans") is not None)
+    controller = check_controller(render, docs, chelp)
+    R.check(controller is not None or not shipped, f"{render}: the controller Deployment is deployed")
+    check_rbac(render, docs, ds, sidecars, api_user, controller)
+    check_classes(render, docs, pools, sidecars, shipped, static)
     return docs
 
 
@@ -796,6 +1002,49 @@ def check_sources(fields):
             f"appVersion {chart.get('appVersion')}, kustomize {tags}")
 
 
+def cargo_words(cmd):
+    """A cargo build command as (words without --locked, has --locked)."""
+    words = cmd.replace("$(CARGO)", "cargo").split()
+    return [w for w in words if w != "--locked"], "--locked" in words
+
+
+def check_dockerfile(dockerfile, makefile):
+    """The image builds the binary the tests use: the Dockerfile's
+    `RUN cargo build ...` against the Makefile's build target. Nothing is built."""
+    R.section(f"{dockerfile} vs {makefile} (no build is run)")
+    df = open(os.path.join(REPO, dockerfile)).read().replace("\\\n", " ")
+    runs = re.findall(r"^RUN\s+(.*\bcargo\s+build\b.*)$", df, re.M)
+    if not R.check(len(runs) == 1, f"{dockerfile}: one RUN cargo build", f"found {runs}"):
+        return
+    cmd = runs[0].strip()
+    words, locked = cargo_words(cmd)
+    R.check(words[:2] == ["cargo", "build"] and "&&" not in words and ";" not in cmd,
+            f"{dockerfile}: `{cmd}` is a plain cargo build")
+    R.check(locked, f"{dockerfile}: the build uses --locked (Cargo.lock as committed)")
+    R.check("--bin" in words and words[words.index("--bin") + 1:][:1] == ["localvol"]
+            or "--bin=localvol" in words, f"{dockerfile}: the build is --bin localvol")
+    bad = [w for w in words if w.startswith(("--manifest-path", "--target-dir", "--package", "-p",
+                                             "--features", "--no-default-features", "--all-features"))]
+    workdir = re.findall(r"^WORKDIR\s+(\S+)", df.split(runs[0])[0], re.M)
+    copies = re.findall(r"^COPY\s+(?!--from)(.*)$", df, re.M)
+    copied = {w for c in copies for w in c.split()[:-1]}
+    R.check(not bad and {"Cargo.toml", "Cargo.lock", "src"} <= copied and workdir,
+            f"{dockerfile}: it builds this workspace (Cargo.toml, Cargo.lock, src copied to "
+            f"WORKDIR {workdir[-1] if workdir else '?'}; no other manifest, package or features)",
+            f"flags {bad}, copied {sorted(copied)}")
+    mk = open(os.path.join(REPO, makefile)).read()
+    m = re.search(r"^build:[^\n]*\n((?:\t[^\n]*\n)+)", mk, re.M)
+    mcmds = [l.strip() for l in (m.group(1).splitlines() if m else [])
+             if "cargo" in l.lower() and " build" in l]
+    if not R.check(len(mcmds) == 1, f"{makefile}: the build target runs one cargo build", f"{mcmds}"):
+        return
+    mwords, mlocked = cargo_words(mcmds[0])
+    R.check(mwords == words, f"{dockerfile} and {makefile} build the same way "
+            f"(`{' '.join(words)}`, --locked aside)", f"Dockerfile {words}, Makefile {mwords}")
+    if not mlocked:
+        print(f"  NOTE {makefile}'s build target has no --locked (the Dockerfile has); not a failure")
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--bin", required=True, help="the localvol binary")
@@ -804,17 +1053,24 @@ def main():
                     help="KUSTOMIZE_RENDER=HELM_RENDER pairs that must match")
     ap.add_argument("--custom", action="append", default=[],
                     help="renders with non-default values (class policy not enforced)")
+    ap.add_argument("--dockerfile", help="check this Dockerfile's cargo build (relative to the repo)")
+    ap.add_argument("--makefile", default="Makefile", help="whose build target it must match")
     a = ap.parse_args()
 
     help_info = serve_help(a.bin)
     fields = config_fields()
     print(f"localvol serve flags: {', '.join('--' + f for f in sorted(help_info[1]))}")
     print(f"localvol serve env:   {', '.join(sorted(help_info[2]))}")
+    chelp = serve_help(a.bin, "controller")
+    print(f"localvol controller flags: {', '.join('--' + f for f in sorted(chelp[1]))}")
+    print(f"localvol controller env:   {', '.join(sorted(chelp[2]))}")
+    if a.dockerfile:
+        check_dockerfile(a.dockerfile, a.makefile)
     check_sources(fields)
     docs = {}
     for path in sorted(glob.glob(os.path.join(a.renders, "*.yaml"))):
         name = os.path.basename(path)[:-len(".yaml")]
-        docs[name] = check_render(name, path, help_info, fields, name not in a.custom)
+        docs[name] = check_render(name, path, help_info, fields, name not in a.custom, chelp)
     for pair in a.parity:
         kname, hname = pair.split("=")
         check_parity(kname, docs[kname], hname, docs[hname])

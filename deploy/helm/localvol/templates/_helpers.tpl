@@ -63,5 +63,19 @@ app.kubernetes.io/component: node
 {{- if .Values.defaultPool -}}
 {{- $_ := set $cfg "defaultPool" .Values.defaultPool -}}
 {{- end -}}
+{{- if .Values.discovery.classes -}}
+{{- $classes := list -}}
+{{- range .Values.discovery.classes -}}
+{{- $classes = append $classes (omit . "hostPathType" "reclaimPolicy" "storageClassParameters") -}}
+{{- end -}}
+{{- $d := dict "classes" $classes -}}
+{{- if .Values.discovery.stateDir -}}
+{{- $_ := set $d "stateDir" .Values.discovery.stateDir -}}
+{{- end -}}
+{{- $_ := set $cfg "discovery" $d -}}
+{{- end -}}
+{{- with .Values.orphans -}}
+{{- $_ := set $cfg "orphans" . -}}
+{{- end -}}
 {{- toYaml $cfg -}}
 {{- end }}
