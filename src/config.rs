@@ -35,6 +35,12 @@ pub struct Config {
     #[serde(default)]
     pub max_volumes_per_node: i64,
     pub pools: Vec<PoolConfig>,
+    /// Static discovery of pre-mounted disks and block devices (issue 5).
+    #[serde(default)]
+    pub discovery: Option<crate::discovery::DiscoveryConfig>,
+    /// Report (or reclaim) volumes no PV refers to; off when absent (issue 5).
+    #[serde(default)]
+    pub orphans: Option<crate::discovery::orphans::OrphansConfig>,
 }
 
 #[derive(Clone, Debug, Deserialize)]
@@ -234,6 +240,8 @@ impl Config {
                 default_size: None,
                 quota: QuotaMode::Auto,
             })],
+            discovery: None,
+            orphans: None,
         }
     }
 
@@ -274,6 +282,9 @@ impl Config {
                     "defaultPool {def} is not a listed pool"
                 )));
             }
+        }
+        if let Some(d) = &self.discovery {
+            d.validate()?;
         }
         if self.max_volumes_per_node < 0 {
             return Err(Error::InvalidArgument(

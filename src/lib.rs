@@ -7,6 +7,8 @@ pub mod blockdev;
 pub mod client;
 pub mod command;
 pub mod config;
+pub mod controller;
+pub mod discovery;
 pub mod endpoint;
 pub mod error;
 pub mod fsutil;

@@ -36,6 +36,62 @@ enum Command {
     Client(localvol::client::ClientArgs),
     /// Benchmark whole volume lifecycles through any CSI driver, or the syscall floor.
     Bench(localvol::bench::BenchArgs),
+    /// Cluster-wide node-loss controller (a Deployment, leader-elected on a Lease).
+    Controller(ControllerArgs),
+}
+
+#[derive(clap::Args)]
+struct ControllerArgs {
+    /// CSI driver name whose PVs are managed.
+    #[arg(long, default_value = DEFAULT_DRIVER_NAME)]
+    driver_name: String,
+    /// This replica's identity in the Lease. Default: the hostname (pod name).
+    #[arg(long, env = "POD_NAME")]
+    identity: Option<String>,
+    /// Namespace of the leader-election Lease.
+    #[arg(long, env = "POD_NAMESPACE", default_value = "kube-system")]
+    lease_namespace: String,
+    #[arg(long, default_value = "localvol-controller")]
+    lease_name: String,
+    /// Seconds a Lease stays valid without renewal.
+    #[arg(long, default_value_t = 15)]
+    lease_duration: u64,
+    /// Seconds a Node must stay deleted before its PVs (and opted-in PVCs) are deleted.
+    #[arg(long, default_value_t = 300)]
+    node_loss_grace: u64,
+    /// Seconds between passes while leading.
+    #[arg(long, default_value_t = 30)]
+    interval: u64,
+}
+
+async fn controller(args: ControllerArgs) -> Result<(), String> {
+    use std::time::Duration;
+    if args.lease_duration < 3 {
+        return Err("--lease-duration must be at least 3 seconds".into());
+    }
+    let identity = match args.identity {
+        Some(i) => i,
+        None => nix::unistd::gethostname()
+            .map_err(|e| format!("reading hostname: {e}"))?
+            .to_string_lossy()
+            .into_owned(),
+    };
+    let client = kube::Client::try_default()
+        .await
+        .map_err(|e| format!("kubernetes client: {e}"))?;
+    localvol::controller::run(
+        client,
+        localvol::controller::ControllerOptions {
+            driver_name: args.driver_name,
+            identity,
+            lease_namespace: args.lease_namespace,
+            lease_name: args.lease_name,
+            lease_duration: Duration::from_secs(args.lease_duration),
+            grace: Duration::from_secs(args.node_loss_grace),
+            interval: Duration::from_secs(args.interval.max(1)),
+        },
+    )
+    .await
 }
 
 #[derive(clap::Args)]
@@ -116,6 +172,7 @@ async fn main() -> ExitCode {
         Command::Serve(a) => serve(a).await,
         Command::Client(a) => return localvol::client::main(a).await,
         Command::Bench(a) => return localvol::bench::main(a).await,
+        Command::Controller(a) => controller(a).await,
     };
     match res {
         Ok(()) => ExitCode::SUCCESS,

@@ -47,6 +47,16 @@ pub async fn build_driver(opts: &ServeOptions) -> Result<Arc<Driver>> {
         )));
     }
     let pools = Pools::open(&opts.config).await?;
+    let statics = match opts.config.discovery.clone() {
+        Some(d) => Some(Arc::new(
+            crate::error::blocking(move || {
+                let state = d.state_dir.clone();
+                crate::discovery::node::StaticPool::open(d, &state)
+            })
+            .await?,
+        )),
+        None => None,
+    };
     Ok(Arc::new(Driver {
         name: opts.driver_name.clone(),
         version: env!("CARGO_PKG_VERSION").to_owned(),
@@ -55,6 +65,7 @@ pub async fn build_driver(opts: &ServeOptions) -> Result<Arc<Driver>> {
         locks: VolumeLocks::default(),
         kubelet_dir: opts.kubelet_dir.clone(),
         max_volumes_per_node: opts.config.max_volumes_per_node,
+        statics,
     }))
 }
 
@@ -68,6 +79,16 @@ pub async fn serve(opts: ServeOptions, shutdown: impl Future<Output = ()> + Send
         ))),
         None => None,
     };
+    // Static discovery's PV loop (needs the cluster; the node RPCs do not).
+    let _discovery = driver
+        .statics
+        .clone()
+        .map(|statics| AbortOnDrop(tokio::spawn(run_discovery(driver.clone(), statics))));
+    let _orphans = opts
+        .config
+        .orphans
+        .clone()
+        .map(|cfg| AbortOnDrop(tokio::spawn(run_orphans(driver.clone(), cfg))));
     let router = Server::builder()
         .add_service(IdentityServer::new(IdentityService::new(driver.clone())))
         .add_service(ControllerServer::new(ControllerService::new(
@@ -93,6 +114,49 @@ pub async fn serve(opts: ServeOptions, shutdown: impl Future<Output = ()> + Send
                 .serve_with_incoming_shutdown(TcpListenerStream::new(listener), shutdown)
                 .await
                 .map_err(|e| Error::Internal(format!("gRPC server: {e}")))
+        }
+    }
+}
+
+/// How often discovery rescans the disks and the PV cache (it also runs
+/// whenever the cache changes).
+const DISCOVERY_INTERVAL: std::time::Duration = std::time::Duration::from_secs(60);
+
+/// Runs static discovery against the cluster; while there is no in-cluster
+/// config (`make run`, tests) it logs and retries, and the driver serves on.
+async fn run_discovery(driver: Arc<Driver>, statics: Arc<crate::discovery::node::StaticPool>) {
+    use crate::discovery::k8s::{in_cluster_client, Discoverer};
+    loop {
+        match in_cluster_client().await {
+            Ok(client) => {
+                tracing::info!("static discovery: watching this node's PVs");
+                let d = Discoverer::new(client, &driver.name, &driver.node_id, statics)
+                    .with_driver_locks(driver.clone());
+                Arc::new(d).run(DISCOVERY_INTERVAL).await;
+                return;
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "static discovery: no cluster; PVs are not managed (retrying)");
+                tokio::time::sleep(DISCOVERY_INTERVAL).await;
+            }
+        }
+    }
+}
+
+/// Reports (or reclaims) volumes no PV refers to, once there is a cluster.
+async fn run_orphans(driver: Arc<Driver>, cfg: crate::discovery::orphans::OrphansConfig) {
+    use crate::discovery::k8s::in_cluster_client;
+    loop {
+        match in_cluster_client().await {
+            Ok(client) => {
+                let o = crate::discovery::orphans::Orphans::new(driver, cfg);
+                Arc::new(o).run(client, DISCOVERY_INTERVAL * 5).await;
+                return;
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "orphans: no cluster; not checking (retrying)");
+                tokio::time::sleep(DISCOVERY_INTERVAL).await;
+            }
         }
     }
 }

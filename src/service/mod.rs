@@ -42,6 +42,8 @@ pub struct Driver {
     /// Staging and target paths must lie below this directory.
     pub kubelet_dir: PathBuf,
     pub max_volumes_per_node: i64,
+    /// Statically discovered volumes (config `discovery:`), found by handle.
+    pub statics: Option<Arc<crate::discovery::node::StaticPool>>,
 }
 
 impl Driver {
@@ -73,6 +75,12 @@ impl Driver {
         what: &str,
         raw: &str,
     ) -> Result<Option<(VolumeId, Arc<dyn Pool>, Volume)>> {
+        if let Some(statics) = &self.statics {
+            crate::ids::check_text(what, raw)?;
+            if let Some(found) = statics.find(raw).await? {
+                return Ok(Some(found));
+            }
+        }
         let ParsedId::Volume(id) = VolumeId::parse(what, raw)? else {
             return Ok(None);
         };
@@ -243,12 +251,15 @@ where
     };
     crate::metrics::record_rpc(method, code, start.elapsed().as_secs_f64());
     let ms = start.elapsed().as_secs_f64() * 1000.0;
-    let volume = truncate(volume);
+    // Field values are evaluated only when the event is enabled: with the
+    // level off, a call costs no formatting and no allocation.
     match (&res, method) {
         (Ok(_), "Probe") => tracing::debug!(method, duration_ms = ms, code = ?code, "rpc"),
-        (Ok(_), _) => tracing::info!(method, volume, duration_ms = ms, code = ?code, "rpc"),
+        (Ok(_), _) => {
+            tracing::info!(method, volume = truncate(volume).as_str(), duration_ms = ms, code = ?code, "rpc")
+        }
         (Err(s), _) => {
-            tracing::info!(method, volume, duration_ms = ms, code = ?code, error = s.message(), "rpc")
+            tracing::info!(method, volume = truncate(volume).as_str(), duration_ms = ms, code = ?code, error = s.message(), "rpc")
         }
     }
     res

@@ -1,0 +1,217 @@
+//! What the node-loss controller decides, without any API calls: which nodes
+//! have been gone for longer than the grace period, and which of this
+//! driver's PVs are pinned to them.
+//!
+//! A node counts as gone only when its Node object does not exist (a NotReady
+//! node still exists and is never acted on). The time a node was first seen
+//! missing lives in memory: after a restart the grace period starts again,
+//! which only ever delays an action.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::time::{Duration, Instant};
+
+use k8s_openapi::api::core::v1::PersistentVolume;
+
+use crate::service::TOPOLOGY_KEY;
+
+/// Opt-in annotation on a PVC (or its StorageClass): delete the claim too
+/// when its node is lost, so a StatefulSet pod can be rescheduled elsewhere.
+pub const ANN_DELETE_ON_NODE_LOSS: &str = "localvol.csi.dev/delete-on-node-loss";
+
+/// The node a PV of `driver` is pinned to by its node affinity on the
+/// topology key (`In` exactly one node); None for anything else.
+pub fn pinned_node<'a>(pv: &'a PersistentVolume, driver: &str) -> Option<&'a str> {
+    let spec = pv.spec.as_ref()?;
+    if spec.csi.as_ref()?.driver != driver {
+        return None;
+    }
+    let terms = &spec
+        .node_affinity
+        .as_ref()?
+        .required
+        .as_ref()?
+        .node_selector_terms;
+    let [term] = terms.as_slice() else {
+        return None;
+    };
+    let exprs = term.match_expressions.as_ref()?;
+    let mut nodes = exprs.iter().filter(|e| e.key == TOPOLOGY_KEY);
+    let e = nodes.next()?;
+    if nodes.next().is_some() || e.operator != "In" {
+        return None;
+    }
+    match e.values.as_deref()? {
+        [n] => Some(n.as_str()),
+        _ => None,
+    }
+}
+
+/// Tracks how long nodes have been missing.
+#[derive(Debug, Default)]
+pub struct MissingNodes {
+    since: BTreeMap<String, Instant>,
+}
+
+impl MissingNodes {
+    /// Updates the record from the nodes that exist now and the nodes PVs are
+    /// pinned to; returns the nodes missing for at least `grace`.
+    pub fn update(
+        &mut self,
+        now: Instant,
+        existing: &BTreeSet<String>,
+        pinned: &BTreeSet<String>,
+        grace: Duration,
+    ) -> BTreeSet<String> {
+        self.since
+            .retain(|n, _| !existing.contains(n) && pinned.contains(n));
+        for n in pinned {
+            if !existing.contains(n) {
+                self.since.entry(n.clone()).or_insert(now);
+            }
+        }
+        self.since
+            .iter()
+            .filter(|(_, t)| now.saturating_duration_since(**t) >= grace)
+            .map(|(n, _)| n.clone())
+            .collect()
+    }
+}
+
+/// PVs of `driver` pinned to one of the `lost` nodes, sorted by name.
+pub fn lost_pvs<'a>(
+    pvs: &'a [std::sync::Arc<PersistentVolume>],
+    driver: &str,
+    lost: &BTreeSet<String>,
+) -> Vec<&'a PersistentVolume> {
+    let mut out: Vec<&PersistentVolume> = pvs
+        .iter()
+        .map(|p| p.as_ref())
+        .filter(|p| pinned_node(p, driver).is_some_and(|n| lost.contains(n)))
+        .collect();
+    out.sort_by(|a, b| a.metadata.name.cmp(&b.metadata.name));
+    out
+}
+
+/// Whether annotations opt in to deleting the claim on node loss.
+pub fn opted_in(annotations: Option<&BTreeMap<String, String>>) -> bool {
+    annotations
+        .and_then(|a| a.get(ANN_DELETE_ON_NODE_LOSS))
+        .is_some_and(|v| v == "true")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+    use std::sync::Arc;
+
+    pub(crate) fn pv(name: &str, driver: &str, node: &str) -> PersistentVolume {
+        serde_json::from_value(json!({
+            "metadata": {"name": name, "uid": format!("uid-{name}")},
+            "spec": {
+                "csi": {"driver": driver, "volumeHandle": "default.0123"},
+                "nodeAffinity": {"required": {"nodeSelectorTerms": [{"matchExpressions": [
+                    {"key": TOPOLOGY_KEY, "operator": "In", "values": [node]}
+                ]}]}},
+                "claimRef": {"namespace": "app", "name": format!("claim-{name}")},
+            }
+        }))
+        .unwrap()
+    }
+
+    fn set(v: &[&str]) -> BTreeSet<String> {
+        v.iter().map(|s| s.to_string()).collect()
+    }
+
+    #[test]
+    fn pinned_node_needs_our_driver_and_one_node() {
+        let d = "localvol.csi.dev";
+        assert_eq!(pinned_node(&pv("a", d, "n1"), d), Some("n1"));
+        assert_eq!(pinned_node(&pv("a", "other.csi.dev", "n1"), d), None);
+        let mut two = pv("a", d, "n1");
+        two.spec
+            .as_mut()
+            .unwrap()
+            .node_affinity
+            .as_mut()
+            .unwrap()
+            .required
+            .as_mut()
+            .unwrap()
+            .node_selector_terms[0]
+            .match_expressions
+            .as_mut()
+            .unwrap()[0]
+            .values = Some(vec!["n1".into(), "n2".into()]);
+        assert_eq!(pinned_node(&two, d), None);
+        let mut notin = pv("a", d, "n1");
+        notin
+            .spec
+            .as_mut()
+            .unwrap()
+            .node_affinity
+            .as_mut()
+            .unwrap()
+            .required
+            .as_mut()
+            .unwrap()
+            .node_selector_terms[0]
+            .match_expressions
+            .as_mut()
+            .unwrap()[0]
+            .operator = "NotIn".into();
+        assert_eq!(pinned_node(&notin, d), None);
+    }
+
+    #[test]
+    fn nodes_are_lost_only_after_the_grace_period() {
+        let grace = Duration::from_secs(300);
+        let t0 = Instant::now();
+        let mut m = MissingNodes::default();
+        let pinned = set(&["n1", "n2"]);
+        // n2 exists (Ready or not, it exists): never lost.
+        assert!(m.update(t0, &set(&["n2"]), &pinned, grace).is_empty());
+        assert!(m
+            .update(t0 + Duration::from_secs(299), &set(&["n2"]), &pinned, grace)
+            .is_empty());
+        assert_eq!(
+            m.update(t0 + grace, &set(&["n2"]), &pinned, grace),
+            set(&["n1"])
+        );
+        // n1 comes back: forgotten; missing again starts a new grace period.
+        assert!(m
+            .update(t0 + grace * 2, &set(&["n1", "n2"]), &pinned, grace)
+            .is_empty());
+        assert!(m
+            .update(t0 + grace * 3, &set(&["n2"]), &pinned, grace)
+            .is_empty());
+        assert_eq!(
+            m.update(t0 + grace * 4, &set(&["n2"]), &pinned, grace),
+            set(&["n1"])
+        );
+    }
+
+    #[test]
+    fn lost_pvs_are_ours_on_lost_nodes() {
+        let d = "localvol.csi.dev";
+        let pvs = vec![
+            Arc::new(pv("a", d, "n1")),
+            Arc::new(pv("b", d, "n2")),
+            Arc::new(pv("c", "other.csi.dev", "n1")),
+        ];
+        let names: Vec<_> = lost_pvs(&pvs, d, &set(&["n1"]))
+            .into_iter()
+            .map(|p| p.metadata.name.clone().unwrap())
+            .collect();
+        assert_eq!(names, ["a"]);
+        assert!(opted_in(Some(&BTreeMap::from([(
+            ANN_DELETE_ON_NODE_LOSS.to_owned(),
+            "true".to_owned()
+        )]))));
+        assert!(!opted_in(Some(&BTreeMap::from([(
+            ANN_DELETE_ON_NODE_LOSS.to_owned(),
+            "yes".to_owned()
+        )]))));
+        assert!(!opted_in(None));
+    }
+}

@@ -1,0 +1,499 @@
+//! Node-loss controller and leader election against a fake API server
+//! (`tower_test::mock::pair` → `kube::Client::new`), by named scenario with
+//! timeouts.
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex as StdMutex};
+use std::time::{Duration, Instant};
+
+use http::{Request, Response};
+use k8s_openapi::api::core::v1::{Node, PersistentVolume};
+use kube::client::Body;
+use kube::runtime::reflector::{self, Store};
+use kube::runtime::watcher;
+use kube::Client;
+use serde_json::{json, Value};
+
+use super::lease::Elector;
+use super::nodeloss::ANN_DELETE_ON_NODE_LOSS;
+use super::{NodeLoss, PassReport};
+use crate::service::TOPOLOGY_KEY;
+
+const DRIVER: &str = "localvol.csi.dev";
+
+/// Awaits a lease call with the scenario timeout.
+async fn t(f: impl std::future::Future<Output = Result<bool, kube::Error>>) -> bool {
+    tokio::time::timeout(TIMEOUT, f)
+        .await
+        .expect("lease call timed out")
+        .unwrap()
+}
+const TIMEOUT: Duration = Duration::from_secs(20);
+const PVS: &str = "/api/v1/persistentvolumes";
+const GRACE: Duration = Duration::from_secs(300);
+
+/// Objects by API path, and a log of the requests (`METHOD path`, events as
+/// `EVENT <reason>`).
+#[derive(Default)]
+struct FakeApi {
+    objects: BTreeMap<String, Value>,
+    log: Vec<String>,
+    rv: u64,
+}
+
+fn status(code: u16, reason: &str) -> Value {
+    json!({"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
+           "message": reason, "reason": reason, "code": code})
+}
+
+fn respond(code: u16, v: &Value) -> Response<Body> {
+    Response::builder()
+        .status(code)
+        .body(Body::from(serde_json::to_vec(v).unwrap()))
+        .unwrap()
+}
+
+async fn handle(api: &StdMutex<FakeApi>, req: Request<Body>) -> Response<Body> {
+    let method = req.method().to_string();
+    let path = req.uri().path().to_owned();
+    let watch = req.uri().query().unwrap_or("").contains("watch=true");
+    let body = req.into_body().collect_bytes().await.unwrap();
+    let body: Value = if body.is_empty() {
+        Value::Null
+    } else {
+        serde_json::from_slice(&body).unwrap()
+    };
+    let mut api = api.lock().unwrap();
+    if path.starts_with("/apis/events.k8s.io/v1/namespaces/") {
+        let reason = body["reason"].as_str().unwrap_or("?").to_owned();
+        api.log.push(format!("EVENT {reason}"));
+        return respond(201, &body);
+    }
+    if method == "GET" && (path == "/api/v1/nodes" || path == PVS) {
+        // The caches: lists, then watches that end at once (re-watched with backoff).
+        if watch {
+            return Response::builder().status(200).body(Body::empty()).unwrap();
+        }
+        api.log.push(format!("LIST {path}"));
+        let prefix = format!("{path}/");
+        let items: Vec<Value> = api
+            .objects
+            .iter()
+            .filter(|(k, _)| k.starts_with(&prefix))
+            .map(|(_, v)| v.clone())
+            .collect();
+        return respond(
+            200,
+            &json!({"kind": "List", "apiVersion": "v1", "metadata": {"resourceVersion": "1"}, "items": items}),
+        );
+    }
+    api.log.push(format!("{method} {path}"));
+    match method.as_str() {
+        "GET" if path == "/apis/storage.k8s.io/v1/csistoragecapacities" => {
+            let items: Vec<Value> = api
+                .objects
+                .iter()
+                .filter(|(k, _)| k.contains("/csistoragecapacities/"))
+                .map(|(_, v)| v.clone())
+                .collect();
+            respond(
+                200,
+                &json!({"kind": "CSIStorageCapacityList", "apiVersion": "storage.k8s.io/v1",
+                        "metadata": {"resourceVersion": "1"}, "items": items}),
+            )
+        }
+        "GET" => match api.objects.get(&path) {
+            Some(o) => respond(200, o),
+            None => respond(404, &status(404, "NotFound")),
+        },
+        "DELETE" => {
+            let Some(o) = api.objects.get(&path).cloned() else {
+                return respond(404, &status(404, "NotFound"));
+            };
+            let want = &body["preconditions"]["uid"];
+            if !want.is_null() && *want != o["metadata"]["uid"] {
+                return respond(409, &status(409, "Conflict"));
+            }
+            api.objects.remove(&path);
+            respond(200, &o)
+        }
+        "POST" => {
+            let key = format!("{path}/{}", body["metadata"]["name"].as_str().unwrap());
+            if api.objects.contains_key(&key) {
+                return respond(409, &status(409, "AlreadyExists"));
+            }
+            api.rv += 1;
+            let mut o = body;
+            o["metadata"]["resourceVersion"] = json!(api.rv.to_string());
+            api.objects.insert(key, o.clone());
+            respond(201, &o)
+        }
+        "PUT" => {
+            let Some(old) = api.objects.get(&path) else {
+                return respond(404, &status(404, "NotFound"));
+            };
+            if body["metadata"]["resourceVersion"] != old["metadata"]["resourceVersion"] {
+                return respond(409, &status(409, "Conflict"));
+            }
+            api.rv += 1;
+            let mut o = body;
+            o["metadata"]["resourceVersion"] = json!(api.rv.to_string());
+            api.objects.insert(path, o.clone());
+            respond(200, &o)
+        }
+        _ => {
+            api.log.push(format!("UNEXPECTED {method} {path}"));
+            respond(500, &status(500, "InternalError"))
+        }
+    }
+}
+
+struct Scenario {
+    client: Client,
+    api: Arc<StdMutex<FakeApi>>,
+    server: tokio::task::JoinHandle<()>,
+}
+
+impl Scenario {
+    fn new(name: &str) -> Self {
+        eprintln!("scenario: {name}");
+        let (svc, mut h) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
+        let api = Arc::new(StdMutex::new(FakeApi::default()));
+        let a = api.clone();
+        let server = tokio::spawn(async move {
+            while let Some((req, send)) = h.next_request().await {
+                send.send_response(handle(&a, req).await);
+            }
+        });
+        Scenario {
+            client: Client::new(svc, "default"),
+            api,
+            server,
+        }
+    }
+
+    fn put(&self, path: &str, v: Value) {
+        self.api.lock().unwrap().objects.insert(path.into(), v);
+    }
+
+    fn has(&self, path: &str) -> bool {
+        self.api.lock().unwrap().objects.contains_key(path)
+    }
+
+    fn log(&self) -> Vec<String> {
+        std::mem::take(&mut self.api.lock().unwrap().log)
+    }
+}
+
+impl Drop for Scenario {
+    fn drop(&mut self) {
+        self.server.abort();
+    }
+}
+
+fn store<K>(objects: Vec<K>) -> Store<K>
+where
+    K: kube::Resource
+        + Clone
+        + serde::de::DeserializeOwned
+        + std::fmt::Debug
+        + Send
+        + Sync
+        + 'static,
+    K::DynamicType: Default + Eq + std::hash::Hash + Clone,
+{
+    let (reader, mut writer) = reflector::store::<K>();
+    writer.apply_watcher_event(&watcher::Event::Init);
+    for o in objects {
+        writer.apply_watcher_event(&watcher::Event::InitApply(o));
+    }
+    writer.apply_watcher_event(&watcher::Event::InitDone);
+    reader
+}
+
+fn pv(name: &str, driver: &str, node: &str, claim: &str) -> Value {
+    json!({
+        "apiVersion": "v1", "kind": "PersistentVolume",
+        "metadata": {"name": name, "uid": format!("uid-{name}")},
+        "spec": {
+            "csi": {"driver": driver, "volumeHandle": format!("default.{}", "0".repeat(32))},
+            "nodeAffinity": {"required": {"nodeSelectorTerms": [{"matchExpressions": [
+                {"key": TOPOLOGY_KEY, "operator": "In", "values": [node]}
+            ]}]}},
+            "claimRef": {"namespace": "app", "name": claim, "uid": format!("uid-{claim}")},
+            "storageClassName": "local",
+        },
+        "status": {"phase": "Bound"},
+    })
+}
+
+fn pvc(name: &str, volume: &str, sc: &str, opted_in: bool) -> Value {
+    let mut anns = json!({});
+    if opted_in {
+        anns[ANN_DELETE_ON_NODE_LOSS] = json!("true");
+    }
+    json!({
+        "apiVersion": "v1", "kind": "PersistentVolumeClaim",
+        "metadata": {"name": name, "namespace": "app", "uid": format!("uid-{name}"), "annotations": anns},
+        "spec": {"volumeName": volume, "storageClassName": sc},
+    })
+}
+
+fn node(name: &str, ready: bool) -> Node {
+    serde_json::from_value(json!({
+        "metadata": {"name": name},
+        "status": {"conditions": [{"type": "Ready", "status": if ready { "True" } else { "False" }}]},
+    }))
+    .unwrap()
+}
+
+fn pvs_of(v: &[Value]) -> Vec<PersistentVolume> {
+    v.iter()
+        .map(|p| serde_json::from_value(p.clone()).unwrap())
+        .collect()
+}
+
+const PVCS: &str = "/api/v1/namespaces/app/persistentvolumeclaims";
+
+#[tokio::test]
+async fn scenario_deleted_node_pvs_go_after_grace_and_claims_only_when_opted_in() {
+    let s = Scenario::new("node deleted: PVs after the grace period, PVCs only when opted in");
+    let all = vec![
+        pv("pv-a", DRIVER, "gone", "claim-a"),
+        pv("pv-b", DRIVER, "gone", "claim-b"),
+        pv("pv-c", DRIVER, "notready", "claim-c"),
+        pv("pv-d", "other.csi.dev", "gone", "claim-d"),
+    ];
+    for p in &all {
+        s.put(
+            &format!("{PVS}/{}", p["metadata"]["name"].as_str().unwrap()),
+            p.clone(),
+        );
+    }
+    s.put(
+        &format!("{PVCS}/claim-a"),
+        pvc("claim-a", "pv-a", "local", true),
+    );
+    s.put(
+        &format!("{PVCS}/claim-b"),
+        pvc("claim-b", "pv-b", "local", false),
+    );
+    s.put(
+        &format!("{PVCS}/claim-c"),
+        pvc("claim-c", "pv-c", "local", true),
+    );
+    s.put(
+        "/apis/storage.k8s.io/v1/storageclasses/local",
+        json!({"apiVersion": "storage.k8s.io/v1", "kind": "StorageClass",
+               "metadata": {"name": "local"}, "provisioner": DRIVER}),
+    );
+    for n in ["gone", "notready"] {
+        s.put(
+            &format!("/apis/storage.k8s.io/v1/namespaces/kube-system/csistoragecapacities/cap-{n}"),
+            json!({"apiVersion": "storage.k8s.io/v1", "kind": "CSIStorageCapacity",
+                   "metadata": {"name": format!("cap-{n}"), "namespace": "kube-system"},
+                   "storageClassName": "local",
+                   "nodeTopology": {"matchLabels": {TOPOLOGY_KEY: n}}}),
+        );
+    }
+    let nl = NodeLoss::new(s.client.clone(), DRIVER, "ctrl-0", GRACE);
+    let nodes = store(vec![node("notready", false)]);
+    let pvs = store(pvs_of(&all));
+    let t0 = Instant::now();
+    let pass = |t: Instant| {
+        let (nl, nodes, pvs) = (&nl, &nodes, &pvs);
+        async move {
+            tokio::time::timeout(TIMEOUT, nl.pass(t, nodes, pvs))
+                .await
+                .expect("pass timed out")
+                .unwrap()
+        }
+    };
+
+    // Within the grace period: nothing happens, not even a read.
+    assert_eq!(pass(t0).await, PassReport::default());
+    assert_eq!(pass(t0 + GRACE / 2).await, PassReport::default());
+    assert_eq!(s.log(), Vec::<String>::new());
+
+    let r = pass(t0 + GRACE).await;
+    assert_eq!(r.deleted_pvs, ["pv-a", "pv-b"]);
+    assert_eq!(r.deleted_pvcs, ["app/claim-a"]);
+    assert_eq!(r.deleted_capacities, ["kube-system/cap-gone"]);
+    assert_eq!(
+        s.log(),
+        [
+            format!("GET {PVCS}/claim-a"),
+            format!("DELETE {PVCS}/claim-a"),
+            "EVENT NodeLostClaimDeleted".into(),
+            "EVENT NodeLost".into(),
+            format!("DELETE {PVS}/pv-a"),
+            format!("GET {PVCS}/claim-b"),
+            "GET /apis/storage.k8s.io/v1/storageclasses/local".into(),
+            "EVENT NodeLost".into(),
+            format!("DELETE {PVS}/pv-b"),
+            "GET /apis/storage.k8s.io/v1/csistoragecapacities".into(),
+            "DELETE /apis/storage.k8s.io/v1/namespaces/kube-system/csistoragecapacities/cap-gone"
+                .into(),
+        ]
+    );
+    // The NotReady node's PV and claim, the other driver's PV, the claim
+    // that did not opt in, and the NotReady node's capacity all remain.
+    for p in [
+        format!("{PVS}/pv-c"),
+        format!("{PVS}/pv-d"),
+        format!("{PVCS}/claim-b"),
+        format!("{PVCS}/claim-c"),
+        "/apis/storage.k8s.io/v1/namespaces/kube-system/csistoragecapacities/cap-notready".into(),
+    ] {
+        assert!(s.has(&p), "{p} was deleted");
+    }
+    for p in [
+        format!("{PVS}/pv-a"),
+        format!("{PVS}/pv-b"),
+        format!("{PVCS}/claim-a"),
+    ] {
+        assert!(!s.has(&p), "{p} is still there");
+    }
+}
+
+#[tokio::test]
+async fn scenario_storage_class_opt_in_and_returning_nodes() {
+    let s = Scenario::new("StorageClass opt-in; a node that comes back is left alone");
+    let all = vec![pv("pv-a", DRIVER, "n1", "claim-a")];
+    s.put(&format!("{PVS}/pv-a"), all[0].clone());
+    s.put(
+        &format!("{PVCS}/claim-a"),
+        pvc("claim-a", "pv-a", "opted", false),
+    );
+    s.put(
+        "/apis/storage.k8s.io/v1/storageclasses/opted",
+        json!({"apiVersion": "storage.k8s.io/v1", "kind": "StorageClass", "provisioner": DRIVER,
+               "metadata": {"name": "opted", "annotations": {ANN_DELETE_ON_NODE_LOSS: "true"}}}),
+    );
+    let nl = NodeLoss::new(s.client.clone(), DRIVER, "ctrl-0", GRACE);
+    let pvs = store(pvs_of(&all));
+    let t0 = Instant::now();
+    // Missing, then back before the grace period ran out, then missing again.
+    let none = store::<Node>(vec![]);
+    let back = store(vec![node("n1", true)]);
+    for (t, nodes) in [(t0, &none), (t0 + GRACE / 2, &back), (t0 + GRACE, &none)] {
+        let r = tokio::time::timeout(TIMEOUT, nl.pass(t, nodes, &pvs))
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!(r, PassReport::default());
+    }
+    assert_eq!(s.log(), Vec::<String>::new());
+    let r = tokio::time::timeout(TIMEOUT, nl.pass(t0 + GRACE * 2, &none, &pvs))
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(r.deleted_pvs, ["pv-a"]);
+    assert_eq!(r.deleted_pvcs, ["app/claim-a"]);
+    assert!(!s.has(&format!("{PVCS}/claim-a")));
+}
+
+#[tokio::test]
+async fn scenario_leader_election() {
+    let s = Scenario::new("leader election on a Lease");
+    const LEASE: &str = "/apis/coordination.k8s.io/v1/namespaces/kube-system/leases/localvol";
+    let a = Elector::new(
+        s.client.clone(),
+        "kube-system",
+        "localvol",
+        "a",
+        Duration::from_secs(15),
+    );
+    let b = Elector::new(
+        s.client.clone(),
+        "kube-system",
+        "localvol",
+        "b",
+        Duration::from_secs(15),
+    );
+    assert!(t(a.try_acquire_or_renew()).await, "a creates the lease");
+    assert!(!t(b.try_acquire_or_renew()).await, "b follows");
+    assert!(t(a.try_acquire_or_renew()).await, "a renews");
+    assert_eq!(
+        s.log(),
+        [
+            format!("GET {LEASE}"),
+            "POST /apis/coordination.k8s.io/v1/namespaces/kube-system/leases".into(),
+            format!("GET {LEASE}"),
+            format!("GET {LEASE}"),
+            format!("PUT {LEASE}"),
+        ]
+    );
+    let holder = |s: &Scenario| {
+        s.api.lock().unwrap().objects[LEASE]["spec"]["holderIdentity"]
+            .as_str()
+            .unwrap()
+            .to_owned()
+    };
+    assert_eq!(holder(&s), "a");
+    // a stops renewing: once expired, b takes over (one transition).
+    {
+        let mut api = s.api.lock().unwrap();
+        let l = api.objects.get_mut(LEASE).unwrap();
+        l["spec"]["renewTime"] = json!("2020-01-01T00:00:00.000000Z");
+    }
+    assert!(
+        t(b.try_acquire_or_renew()).await,
+        "b takes the expired lease"
+    );
+    assert_eq!(holder(&s), "b");
+    assert_eq!(
+        s.api.lock().unwrap().objects[LEASE]["spec"]["leaseTransitions"],
+        json!(1)
+    );
+    assert!(!t(a.try_acquire_or_renew()).await, "a now follows");
+}
+
+#[tokio::test]
+async fn scenario_run_leads_then_acts_on_lost_nodes() {
+    let s = Scenario::new("run: caches, lease, then node-loss passes");
+    s.put(
+        "/api/v1/nodes/here",
+        json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": "here"}}),
+    );
+    s.put(
+        &format!("{PVS}/pv-gone"),
+        pv("pv-gone", DRIVER, "gone", "claim-x"),
+    );
+    s.put(
+        &format!("{PVS}/pv-here"),
+        pv("pv-here", DRIVER, "here", "claim-y"),
+    );
+    let opts = super::ControllerOptions {
+        driver_name: DRIVER.into(),
+        identity: "ctrl-0".into(),
+        lease_namespace: "kube-system".into(),
+        lease_name: "localvol-controller".into(),
+        lease_duration: Duration::from_secs(3),
+        grace: Duration::ZERO,
+        interval: Duration::from_millis(50),
+    };
+    let task = tokio::spawn(super::run(s.client.clone(), opts));
+    let start = Instant::now();
+    while s.has(&format!("{PVS}/pv-gone")) {
+        assert!(start.elapsed() < TIMEOUT, "PV not deleted: {:?}", s.log());
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    task.abort();
+    assert!(
+        s.has(&format!("{PVS}/pv-here")),
+        "the existing node's PV stays"
+    );
+    let log = s.log();
+    let at = |needle: &str| {
+        log.iter()
+            .position(|l| l == needle)
+            .unwrap_or_else(|| panic!("{needle} not in {log:?}"))
+    };
+    // The lease was taken before anything was deleted.
+    assert!(
+        at("POST /apis/coordination.k8s.io/v1/namespaces/kube-system/leases")
+            < at(&format!("DELETE {PVS}/pv-gone"))
+    );
+    assert!(at("LIST /api/v1/nodes") < at(&format!("DELETE {PVS}/pv-gone")));
+}

@@ -1,0 +1,328 @@
+//! Orphans: volumes of this node's pools that no PersistentVolume refers to.
+//!
+//! Each pass compares the pools' volumes with the volume handles of this
+//! driver's PVs (a reflector cache of PVs; read access only). A volume that
+//! stays unreferenced for the grace period is reported (a warning log); with
+//! `orphans: {mode: reclaim}` it is then deleted through its pool, under the
+//! node's volume lock, which refuses volumes that are mounted anywhere. A
+//! volume just created whose PV the provisioner has not written yet is covered
+//! by the grace period; the first-seen times live in memory, so a restart only
+//! delays a report.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use futures::StreamExt;
+use k8s_openapi::api::core::v1::PersistentVolume;
+use kube::runtime::reflector::{self, Store};
+use kube::runtime::{watcher, WatchStreamExt};
+use kube::{Api, Client};
+use serde::Deserialize;
+use tokio::sync::Mutex;
+
+use crate::error::Result;
+use crate::ids::{ParsedId, VolumeId};
+use crate::service::Driver;
+
+/// `orphans:` in the config.
+#[derive(Clone, Debug, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct OrphansConfig {
+    #[serde(default)]
+    pub mode: OrphanMode,
+    /// Seconds a volume must stay unreferenced before it counts as an orphan.
+    #[serde(default = "default_grace")]
+    pub grace_seconds: u64,
+}
+
+fn default_grace() -> u64 {
+    3600
+}
+
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum OrphanMode {
+    /// Log orphans; never delete them.
+    #[default]
+    Report,
+    /// Log orphans, then delete them.
+    Reclaim,
+}
+
+/// Tracks since when volumes have been unreferenced.
+#[derive(Debug, Default)]
+pub struct Tracker {
+    since: BTreeMap<String, Instant>,
+}
+
+impl Tracker {
+    /// Returns the volumes unreferenced for at least `grace`.
+    pub fn update(
+        &mut self,
+        now: Instant,
+        volumes: &BTreeSet<String>,
+        referenced: &BTreeSet<String>,
+        grace: Duration,
+    ) -> Vec<String> {
+        self.since
+            .retain(|v, _| volumes.contains(v) && !referenced.contains(v));
+        for v in volumes.difference(referenced) {
+            self.since.entry(v.clone()).or_insert(now);
+        }
+        self.since
+            .iter()
+            .filter(|(_, t)| now.saturating_duration_since(**t) >= grace)
+            .map(|(v, _)| v.clone())
+            .collect()
+    }
+}
+
+/// What one pass found and did.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct OrphanReport {
+    pub orphans: Vec<String>,
+    pub reclaimed: Vec<String>,
+}
+
+pub struct Orphans {
+    driver: Arc<Driver>,
+    cfg: OrphansConfig,
+    tracker: Mutex<Tracker>,
+}
+
+impl Orphans {
+    pub fn new(driver: Arc<Driver>, cfg: OrphansConfig) -> Self {
+        Orphans {
+            driver,
+            cfg,
+            tracker: Mutex::default(),
+        }
+    }
+
+    /// One pass at `now` against a cache of PVs.
+    pub async fn pass(&self, now: Instant, pvs: &Store<PersistentVolume>) -> Result<OrphanReport> {
+        let referenced: BTreeSet<String> = pvs
+            .state()
+            .iter()
+            .filter_map(|p| p.spec.as_ref()?.csi.as_ref())
+            .filter(|c| c.driver == self.driver.name)
+            .map(|c| c.volume_handle.clone())
+            .collect();
+        let mut volumes = BTreeSet::new();
+        for pool in self.driver.pools.iter() {
+            for v in pool.list().await? {
+                volumes.insert(v.id);
+            }
+        }
+        let orphans = self.tracker.lock().await.update(
+            now,
+            &volumes,
+            &referenced,
+            Duration::from_secs(self.cfg.grace_seconds),
+        );
+        let mut report = OrphanReport::default();
+        for id in orphans {
+            tracing::warn!(volume = %id, mode = ?self.cfg.mode, "orphan: no PersistentVolume refers to this volume");
+            report.orphans.push(id.clone());
+            if self.cfg.mode == OrphanMode::Reclaim {
+                match self.reclaim(&id).await {
+                    Ok(()) => {
+                        tracing::info!(volume = %id, "orphan reclaimed");
+                        report.reclaimed.push(id);
+                    }
+                    Err(e) => tracing::warn!(volume = %id, error = %e, "orphan not reclaimed"),
+                }
+            }
+        }
+        Ok(report)
+    }
+
+    async fn reclaim(&self, raw: &str) -> Result<()> {
+        let ParsedId::Volume(id) = VolumeId::parse("volume id", raw)? else {
+            return Ok(());
+        };
+        let Some(pool) = self.driver.pools.get(&id.pool).cloned() else {
+            return Ok(());
+        };
+        let _guard = self
+            .driver
+            .locks
+            .try_lock(id.key.as_str(), &format!("volume {id}"))?;
+        pool.delete(&id).await
+    }
+
+    /// Runs until dropped: a cache of all PVs (filtered to this driver), a
+    /// pass every `interval` once the cache is filled.
+    pub async fn run(self: Arc<Self>, client: Client, interval: Duration) {
+        let (reader, writer) = reflector::store::<PersistentVolume>();
+        let stream = watcher(
+            Api::<PersistentVolume>::all(client),
+            watcher::Config::default(),
+        )
+        .default_backoff()
+        .reflect(writer);
+        let cache = tokio::spawn(async move {
+            let mut s = std::pin::pin!(stream);
+            while let Some(e) = s.next().await {
+                if let Err(e) = e {
+                    tracing::warn!(error = %e, "PV watch (orphans) failed; retrying");
+                }
+            }
+        });
+        let _cache = AbortOnDrop(cache);
+        if reader.wait_until_ready().await.is_err() {
+            return;
+        }
+        let mut tick = tokio::time::interval(interval);
+        loop {
+            tick.tick().await;
+            if let Err(e) = self.pass(Instant::now(), &reader).await {
+                tracing::warn!(error = %e, "orphan pass failed");
+            }
+        }
+    }
+}
+
+struct AbortOnDrop(tokio::task::JoinHandle<()>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ids::{PoolName, VolumeName};
+    use crate::pool::{AccessType, CapacityRange, CreateRequest};
+    use serde_json::json;
+
+    async fn driver(dir: &std::path::Path) -> Arc<Driver> {
+        crate::server::build_driver(&crate::server::ServeOptions {
+            endpoint: crate::endpoint::Endpoint::Unix(dir.join("csi.sock")),
+            node_id: "n1".into(),
+            driver_name: "localvol.csi.dev".into(),
+            config: crate::config::Config::embedded(dir),
+            kubelet_dir: dir.join("kubelet"),
+            socket_group: None,
+            metrics_addr: None,
+        })
+        .await
+        .unwrap()
+    }
+
+    async fn create(d: &Driver, name: &str) -> String {
+        let pool = PoolName::parse("default").unwrap();
+        let name = VolumeName::parse(name).unwrap();
+        let req = CreateRequest {
+            source: None,
+            id: VolumeId::new(pool.clone(), &name),
+            name,
+            range: CapacityRange {
+                required: 1 << 20,
+                limit: 0,
+            },
+            access_type: AccessType::Mount,
+            inode_limit: None,
+            parameters: Default::default(),
+        };
+        d.pools.get(&pool).unwrap().create(&req).await.unwrap().id
+    }
+
+    fn store(handles: &[(&str, &str)]) -> Store<PersistentVolume> {
+        let (reader, mut writer) = reflector::store::<PersistentVolume>();
+        writer.apply_watcher_event(&watcher::Event::Init);
+        for (i, (driver, handle)) in handles.iter().enumerate() {
+            let pv: PersistentVolume = serde_json::from_value(json!({
+                "metadata": {"name": format!("pv-{i}")},
+                "spec": {"csi": {"driver": driver, "volumeHandle": handle}},
+            }))
+            .unwrap();
+            writer.apply_watcher_event(&watcher::Event::InitApply(pv));
+        }
+        writer.apply_watcher_event(&watcher::Event::InitDone);
+        reader
+    }
+
+    #[test]
+    fn config_defaults_and_validation() {
+        let c: OrphansConfig = serde_norway::from_str("{}").unwrap();
+        assert_eq!(c.mode, OrphanMode::Report);
+        assert_eq!(c.grace_seconds, 3600);
+        let c: OrphansConfig = serde_norway::from_str("{mode: reclaim, graceSeconds: 60}").unwrap();
+        assert_eq!(c.mode, OrphanMode::Reclaim);
+        assert!(serde_norway::from_str::<OrphansConfig>("{mode: delete}").is_err());
+        let cfg = crate::config::Config::from_yaml(
+            "pools: [{name: a, type: dir, path: /x}]\norphans: {mode: reclaim}\n",
+        )
+        .unwrap();
+        assert_eq!(cfg.orphans.unwrap().mode, OrphanMode::Reclaim);
+        let cfg =
+            crate::config::Config::from_yaml("pools: [{name: a, type: dir, path: /x}]\n").unwrap();
+        assert_eq!(cfg.orphans, None);
+    }
+
+    #[tokio::test]
+    async fn orphans_are_reported_after_grace_and_reclaimed_only_when_asked() {
+        let tmp = tempfile::tempdir().unwrap();
+        let d = driver(tmp.path()).await;
+        let kept = create(&d, "pvc-kept").await;
+        let orphan = create(&d, "pvc-orphan").await;
+        // A PV of another driver with the same handle does not count.
+        let pvs = store(&[("localvol.csi.dev", &kept), ("other.csi.dev", &orphan)]);
+        let grace = Duration::from_secs(60);
+        let t0 = Instant::now();
+
+        let report = Orphans::new(
+            d.clone(),
+            OrphansConfig {
+                mode: OrphanMode::Report,
+                grace_seconds: 60,
+            },
+        );
+        assert_eq!(
+            report.pass(t0, &pvs).await.unwrap(),
+            OrphanReport::default()
+        );
+        let r = report.pass(t0 + grace, &pvs).await.unwrap();
+        assert_eq!(r.orphans, std::slice::from_ref(&orphan));
+        assert!(r.reclaimed.is_empty());
+        let pool = d.pools.get(&PoolName::parse("default").unwrap()).unwrap();
+        assert_eq!(pool.list().await.unwrap().len(), 2, "report never deletes");
+
+        let reclaim = Orphans::new(
+            d.clone(),
+            OrphansConfig {
+                mode: OrphanMode::Reclaim,
+                grace_seconds: 60,
+            },
+        );
+        assert_eq!(
+            reclaim.pass(t0, &pvs).await.unwrap(),
+            OrphanReport::default()
+        );
+        // The PV shows up before the grace period ends: not an orphan.
+        let late = store(&[("localvol.csi.dev", &kept), ("localvol.csi.dev", &orphan)]);
+        assert_eq!(
+            reclaim.pass(t0 + grace, &late).await.unwrap(),
+            OrphanReport::default()
+        );
+        // Gone again, for a whole grace period: reclaimed.
+        assert_eq!(
+            reclaim.pass(t0 + grace * 2, &pvs).await.unwrap(),
+            OrphanReport::default()
+        );
+        let r = reclaim.pass(t0 + grace * 3, &pvs).await.unwrap();
+        assert_eq!(r.reclaimed, std::slice::from_ref(&orphan));
+        let left: Vec<_> = pool
+            .list()
+            .await
+            .unwrap()
+            .into_iter()
+            .map(|v| v.id)
+            .collect();
+        assert_eq!(left, [kept]);
+    }
+}
