@@ -34,7 +34,7 @@ run: build
 	exec $(BIN) serve --endpoint unix://$(SOCKET) --data-dir $(DATA) \
 		--kubelet-dir $(DATA)/kubelet --node-id $(NODE)
 
-test: fmt-check clippy unit sanity
+test: fmt-check clippy unit sanity test-vm
 
 fmt-check:
 	$(CARGO) fmt --all -- --check
@@ -49,6 +49,37 @@ unit:
 sanity:
 	$(CARGO) build --bin localvol
 	$(CARGO) test -p sanity-tests
+
+# Tests that need the VM's kernel (project quotas here; device-mapper too):
+# every sanity-tests/tests/vm_*.rs binary, all in ONE boot of vm/run, with
+# --include-ignored (see vm/guest-tests). The driver and the test binaries are
+# copied to a private dir first, so a concurrent build cannot replace them
+# under the running guest. The guest sees the host's / read-only; its /tmp is
+# its own tmpfs. Fails if the guest does not boot (vm/run: 124/125).
+VM_TESTS        ?= $(sort $(basename $(notdir $(wildcard sanity-tests/tests/vm_*.rs))))
+# Whole VM run, all binaries (a safety net: vm/run kills the guest and exits 124).
+VM_TEST_TIMEOUT ?= 1800
+
+test-vm:
+	vm/setup
+	@set -eu; \
+	mkdir -p $(CURDIR)/target; \
+	dir=$$(mktemp -d $(CURDIR)/target/vm-tests.XXXXXX); \
+	trap 'rm -rf "$$dir"' EXIT; \
+	$(CARGO) build --bin localvol --message-format=json-render-diagnostics >"$$dir/build.json"; \
+	$(CARGO) test -p sanity-tests $(addprefix --test ,$(VM_TESTS)) --no-run \
+		--message-format=json-render-diagnostics >>"$$dir/build.json"; \
+	bins=$$(grep -o '"executable":"[^"]*"' "$$dir/build.json" | cut -d'"' -f4); \
+	cp $$bins "$$dir/"; \
+	[ -x "$$dir/localvol" ] || { echo "test-vm: no localvol binary was built" >&2; exit 1; }; \
+	tests=$$(cd "$$dir" && ls | grep -E '^vm_[a-z0-9_]+-[0-9a-f]+$$' | sed "s|^|$$dir/|"); \
+	[ -n "$$tests" ] || { echo "test-vm: no vm_* test binaries were built" >&2; exit 1; }; \
+	start=$$(date +%s); \
+	rc=0; \
+	LOCALVOL_BIN="$$dir/localvol" VM_PASS_ENV="LOCALVOL_BIN RUST_LOG" \
+		vm/run --timeout $(VM_TEST_TIMEOUT) -- vm/guest-tests $$tests || rc=$$?; \
+	echo "test-vm: VM run took $$(($$(date +%s) - start)) s, exit $$rc"; \
+	exit $$rc
 
 bench: build
 	@echo "Start the driver, then: $(BIN) bench --endpoint unix://$(SOCKET) --volumes 2000 --concurrency 4"

@@ -19,7 +19,7 @@ use crate::error::Error;
 const LVM_TIMEOUT: Duration = Duration::from_secs(60);
 
 const LV_FIELDS: &str =
-    "lv_name,vg_name,lv_size,lv_tags,lv_attr,pool_lv,origin,data_percent,metadata_percent,lv_path";
+    "lv_name,vg_name,lv_size,lv_tags,lv_attr,pool_lv,origin,data_percent,metadata_percent,lv_path,lv_device_open,lv_time";
 const VG_FIELDS: &str = "vg_name,vg_size,vg_free,vg_extent_size,vg_free_count,vg_tags";
 
 #[derive(Debug, thiserror::Error)]
@@ -389,6 +389,9 @@ mod tests {
     const LVS_THICK: &str = include_str!("../tests/fixtures/lvm/lvs-thick.json");
     const VGS_THICK: &str = include_str!("../tests/fixtures/lvm/vgs-thick.json");
     const LVS_MISSING: &str = include_str!("../tests/fixtures/lvm/lvs-missing.json");
+    /// Recorded in the VM (lvm 2.03, Debian 12): a thin pool, a mounted thin LV
+    /// holding data, and a thin snapshot of it (activation skipped).
+    const LVS_THIN: &str = include_str!("../tests/fixtures/lvm/lvs-thin.json");
 
     #[test]
     fn parses_recorded_lvs() {
@@ -405,6 +408,49 @@ mod tests {
         assert_eq!(a.data_percent, None);
         assert_eq!(a.path, "/dev/fxvg/lv-a");
         assert!(parse_lvs(LVS_MISSING).unwrap().is_empty());
+    }
+
+    #[test]
+    fn parses_recorded_thin_lvs() {
+        let lvs = parse_lvs(LVS_THIN).unwrap();
+        let by_name = |n: &str| lvs.iter().find(|l| l.name == n).unwrap();
+        assert_eq!(lvs.len(), 3);
+
+        let vol = by_name("lv-0123456789abcdef0123456789abcdef");
+        assert!(vol.is_thin_volume() && !vol.is_thin_pool() && !vol.is_cow_snapshot());
+        assert_eq!(vol.pool_lv, "tp");
+        assert_eq!(vol.origin, "");
+        assert_eq!(vol.size, 64 << 20);
+        assert_eq!(vol.data_percent, Some(26.17));
+        assert_eq!(vol.metadata_percent, None);
+        assert!(vol.is_active() && vol.open, "mounted");
+        assert_eq!(vol.tag_value("localvol.pool"), Some("thin"));
+        assert_eq!(vol.tag_value("localvol.name"), Some("pvc-1"));
+        assert_eq!(vol.path, "/dev/fxvg/lv-0123456789abcdef0123456789abcdef");
+        assert_eq!(
+            vol.created_unix,
+            parse_lv_time("2026-11-22 04:26:32 +0000").unwrap()
+        );
+
+        let snap = by_name("snap-0123456789abcdef0123456789abcdef");
+        assert!(snap.is_thin_volume() && !snap.is_thin_pool() && !snap.is_cow_snapshot());
+        assert_eq!(snap.origin, vol.name);
+        assert_eq!(snap.pool_lv, "tp");
+        assert_eq!(snap.size, vol.size);
+        assert_eq!(snap.data_percent, None, "inactive: lvm reports no usage");
+        assert!(
+            !snap.is_active() && !snap.open,
+            "thin snapshots skip activation"
+        );
+        assert_eq!(snap.tag_value("localvol.kind"), Some("snapshot"));
+
+        let pool = by_name("tp");
+        assert!(pool.is_thin_pool() && !pool.is_thin_volume());
+        assert_eq!(pool.size, 256 << 20);
+        assert_eq!(pool.data_percent, Some(6.62));
+        assert_eq!(pool.metadata_percent, Some(11.23));
+        assert!(pool.tags.is_empty() && pool.path.is_empty());
+        assert!(pool.is_active() && pool.open);
     }
 
     #[test]

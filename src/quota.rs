@@ -78,8 +78,16 @@ pub fn unsupported_reason(path: &Path) -> Option<String> {
         Err(e) => return Some(format!("cannot open {path:?}: {e}")),
     };
     let mut info = std::mem::MaybeUninit::<[u64; 8]>::zeroed();
-    match quotactl_fd(&dir, libc::Q_GETINFO, 0, info.as_mut_ptr().cast()) {
-        Ok(()) => None,
+    let checked = quotactl_fd(&dir, libc::Q_GETINFO, 0, info.as_mut_ptr().cast())
+        .and_then(|()| limits_enforced(&dir));
+    match checked {
+        Ok(true) => None,
+        // Usage is tracked but limits are not enforced: ext4 with the quota
+        // feature mounted without prjquota, or XFS mounted with pqnoenforce.
+        Ok(false) => Some(format!(
+            "the {}filesystem holding {path:?} tracks project quotas but does not enforce them: mount it with -o prjquota",
+            fs_type.map(|t| t + " ").unwrap_or_default()
+        )),
         Err(e) => Some(match fs_type.as_deref() {
             Some("xfs") => format!(
                 "the XFS filesystem holding {path:?} does not have project quotas on ({e}): mount it with -o prjquota"
@@ -91,6 +99,21 @@ pub fn unsupported_reason(path: &Path) -> Option<String> {
             None => format!("project quotas are not available for {path:?}: {e}"),
         }),
     }
+}
+
+/// `Q_XGETQSTAT` (linux/dqblk_xfs.h `XQM_CMD(5)`): the quota state, answered by
+/// XFS and by the generic quota layer (ext4) alike.
+const Q_XGETQSTAT: libc::c_int = ((b'X' as libc::c_int) << 8) | 5;
+/// `fs_quota_stat.qs_flags` bit: project quota limits are enforced.
+const FS_QUOTA_PDQ_ENFD: u16 = 1 << 5;
+
+/// Whether the filesystem enforces project quota limits, not only tracks usage.
+fn limits_enforced(dir: &File) -> std::io::Result<bool> {
+    // `struct fs_quota_stat` is 80 bytes; `qs_flags` is the u16 at offset 2.
+    let mut stat = [0u8; 128];
+    quotactl_fd(dir, Q_XGETQSTAT, 0, stat.as_mut_ptr().cast())?;
+    let flags = u16::from_ne_bytes([stat[2], stat[3]]);
+    Ok(flags & FS_QUOTA_PDQ_ENFD != 0)
 }
 
 /// Current limits and usage of one project.
@@ -122,13 +145,18 @@ impl Quotas {
     /// Reads a project's limits and usage.
     pub fn get(&self, project: u32) -> Result<ProjectQuota> {
         let mut q = zeroed_dqblk();
-        quotactl_fd(
+        match quotactl_fd(
             &self.dir,
             libc::Q_GETQUOTA,
             project,
             (&mut q as *mut libc::dqblk).cast(),
-        )
-        .ctx(|| format!("reading quota of project {project}"))?;
+        ) {
+            Ok(()) => {}
+            // XFS answers ENOENT for an id with no limits and no usage (it has
+            // no dquot): a never-used or released id. ext4 reports zeros.
+            Err(e) if e.raw_os_error() == Some(libc::ENOENT) => return Ok(ProjectQuota::default()),
+            Err(e) => return Err(e).ctx(|| format!("reading quota of project {project}")),
+        }
         Ok(ProjectQuota {
             block_limit_bytes: q.dqb_bhardlimit.saturating_mul(QUOTA_BLOCK),
             used_bytes: q.dqb_curspace,

@@ -187,6 +187,12 @@ pub struct DriverOpts {
     pub kubelet_dir_is_symlink: bool,
     /// `--socket-group`.
     pub socket_group: Option<String>,
+    /// `type: lvm` pools, written after the dir pools (so they are the default
+    /// pool when `pools` is empty).
+    pub lvm_pools: Vec<LvmPoolOpts>,
+    /// YAML appended to the generated config as it is (e.g. a `discovery:`
+    /// section: `tests/static_volumes.rs`).
+    pub extra_config: String,
 }
 
 impl Default for DriverOpts {
@@ -200,6 +206,8 @@ impl Default for DriverOpts {
             max_volumes_per_node: 0,
             kubelet_dir_is_symlink: false,
             socket_group: None,
+            lvm_pools: Vec::new(),
+            extra_config: String::new(),
         }
     }
 }
@@ -211,6 +219,85 @@ impl DriverOpts {
             pools: vec![pool],
             ..Self::default()
         }
+    }
+
+    /// Only these LVM pools (no dir pool); the first is the default pool.
+    pub fn with_lvm_pools(pools: Vec<LvmPoolOpts>) -> Self {
+        Self {
+            pools: Vec::new(),
+            lvm_pools: pools,
+            ..Self::default()
+        }
+    }
+}
+
+/// One `type: lvm` pool of the driver's config (VM tests: `tests/vm_lvm.rs`).
+#[derive(Clone, Debug)]
+pub struct LvmPoolOpts {
+    pub name: String,
+    pub volume_group: String,
+    pub thin_pool: Option<String>,
+    pub overprovision_ratio: Option<f64>,
+    /// `reserve:` (a quantity such as `64Mi`).
+    pub reserve: Option<String>,
+    /// `defaultFsType:` (`ext4` or `xfs`).
+    pub default_fs_type: Option<String>,
+    pub default_size: Option<String>,
+}
+
+impl LvmPoolOpts {
+    pub fn new(name: &str, volume_group: &str) -> Self {
+        Self {
+            name: name.to_owned(),
+            volume_group: volume_group.to_owned(),
+            thin_pool: None,
+            overprovision_ratio: None,
+            reserve: None,
+            default_fs_type: None,
+            default_size: None,
+        }
+    }
+    pub fn thin_pool(mut self, lv: &str) -> Self {
+        self.thin_pool = Some(lv.to_owned());
+        self
+    }
+    pub fn overprovision_ratio(mut self, r: f64) -> Self {
+        self.overprovision_ratio = Some(r);
+        self
+    }
+    pub fn reserve(mut self, q: &str) -> Self {
+        self.reserve = Some(q.to_owned());
+        self
+    }
+    pub fn default_fs_type(mut self, fs: &str) -> Self {
+        self.default_fs_type = Some(fs.to_owned());
+        self
+    }
+    pub fn default_size(mut self, q: &str) -> Self {
+        self.default_size = Some(q.to_owned());
+        self
+    }
+
+    fn yaml(&self) -> String {
+        let mut y = format!(
+            "  - name: {}\n    type: lvm\n    volumeGroup: {}\n",
+            yaml_str(&self.name),
+            yaml_str(&self.volume_group)
+        );
+        if let Some(r) = self.overprovision_ratio {
+            y.push_str(&format!("    overprovisionRatio: {r}\n"));
+        }
+        for (k, v) in [
+            ("thinPool", &self.thin_pool),
+            ("reserve", &self.reserve),
+            ("defaultFsType", &self.default_fs_type),
+            ("defaultSize", &self.default_size),
+        ] {
+            if let Some(v) = v {
+                y.push_str(&format!("    {k}: {}\n", yaml_str(v)));
+            }
+        }
+        y
     }
 }
 
@@ -330,6 +417,10 @@ impl Driver {
                 }
             }
         }
+        for p in &self.opts.lvm_pools {
+            y.push_str(&p.yaml());
+        }
+        y.push_str(&self.opts.extra_config);
         fs::write(self.config_path(), y).expect("writing the driver config");
     }
 
@@ -512,6 +603,11 @@ impl Driver {
 
     pub fn dir(&self) -> &Path {
         &self.root
+    }
+    /// The options the next start writes the config from (see
+    /// [`Driver::start_again`]).
+    pub fn opts_mut(&mut self) -> &mut DriverOpts {
+        &mut self.opts
     }
     pub fn socket_path(&self) -> PathBuf {
         self.root.join("csi.sock")
@@ -1208,6 +1304,439 @@ pub fn write_file(dir: &Path, name: &str, data: &[u8]) -> std::io::Result<()> {
     let mut f = fs::File::create(dir.join(name))?;
     f.write_all(data)?;
     f.sync_all()
+}
+
+// ---------------------------------------------------------------------------
+// Loop devices and filesystems on them (VM tests: quotas, LVM)
+// ---------------------------------------------------------------------------
+
+/// Runs an external program; panics with its output when it fails.
+#[track_caller]
+pub fn run_cmd(program: &str, args: &[&str]) -> String {
+    let out = Command::new(program)
+        .args(args)
+        .env("LC_ALL", "C")
+        .stdin(Stdio::null())
+        .output()
+        .unwrap_or_else(|e| panic!("running {program}: {e} (is it installed?)"));
+    let text = |b: &[u8]| String::from_utf8_lossy(b).into_owned();
+    assert!(
+        out.status.success(),
+        "{program} {args:?} failed ({}):\n{}{}",
+        out.status,
+        text(&out.stdout),
+        text(&out.stderr)
+    );
+    text(&out.stdout)
+}
+
+/// Creates (or truncates) `path` as a sparse file of `bytes` bytes.
+pub fn sparse_file(path: &Path, bytes: u64) {
+    let f = fs::File::create(path).unwrap_or_else(|e| panic!("creating {path:?}: {e}"));
+    f.set_len(bytes)
+        .unwrap_or_else(|e| panic!("sizing {path:?}: {e}"));
+}
+
+/// A loop device over a sparse image file. Drop detaches it (the kernel
+/// detaches it once unused if it is still mounted then).
+pub struct LoopDevice {
+    pub image: PathBuf,
+    pub path: PathBuf,
+}
+
+impl LoopDevice {
+    /// Creates a sparse `bytes`-byte image at `image` and attaches it.
+    pub fn create(image: &Path, bytes: u64) -> Self {
+        sparse_file(image, bytes);
+        Self::attach(image)
+    }
+
+    /// Attaches an existing image file.
+    pub fn attach(image: &Path) -> Self {
+        let out = run_cmd("losetup", &["--find", "--show", &path_str(image)]);
+        let path = PathBuf::from(out.trim());
+        assert!(
+            out.starts_with("/dev/loop"),
+            "losetup printed {out:?} for {image:?}"
+        );
+        Self {
+            image: image.to_path_buf(),
+            path,
+        }
+    }
+
+    /// `major:minor`, as /proc/self/mountinfo shows it.
+    pub fn dev(&self) -> String {
+        use std::os::unix::fs::MetadataExt;
+        let rdev = fs::metadata(&self.path).unwrap().rdev();
+        format!(
+            "{}:{}",
+            nix::sys::stat::major(rdev),
+            nix::sys::stat::minor(rdev)
+        )
+    }
+}
+
+impl Drop for LoopDevice {
+    fn drop(&mut self) {
+        let _ = Command::new("losetup")
+            .arg("-d")
+            .arg(&self.path)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status();
+    }
+}
+
+/// Filesystems the tests make on loop devices.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum FsKind {
+    Xfs,
+    Ext4,
+}
+
+impl FsKind {
+    pub const ALL: [FsKind; 2] = [FsKind::Xfs, FsKind::Ext4];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            FsKind::Xfs => "xfs",
+            FsKind::Ext4 => "ext4",
+        }
+    }
+
+    /// The mkfs command line that prepares an image for project quotas (ext4:
+    /// the `project` and `quota` features, 256-byte inodes to hold the id;
+    /// XFS needs nothing at mkfs time).
+    fn mkfs(self, image: &Path) -> (&'static str, Vec<String>) {
+        let image = path_str(image);
+        match self {
+            FsKind::Xfs => ("mkfs.xfs", vec!["-q".into(), "-f".into(), image]),
+            FsKind::Ext4 => (
+                "mkfs.ext4",
+                ["-q", "-F", "-b", "4096", "-I", "256", "-O", "project,quota"]
+                    .iter()
+                    .map(|s| s.to_string())
+                    .chain([image])
+                    .collect(),
+            ),
+        }
+    }
+}
+
+impl std::fmt::Display for FsKind {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// A fresh filesystem on a loop device over a sparse image, mounted at
+/// `mount_point`. Drop unmounts it (lazily when busy) and detaches the device.
+///
+/// Mounted below a [`Driver`]'s dir, declare it after the driver in a struct
+/// (fields drop in order): the driver's cleanup then unmounts it and removes
+/// the image with its temp dir.
+pub struct LoopFs {
+    pub kind: FsKind,
+    pub mount_point: PathBuf,
+    pub device: LoopDevice,
+}
+
+impl LoopFs {
+    /// Formats a `bytes`-byte image at `image` (XFS needs at least 300 MiB)
+    /// and mounts it at `mount_point` (created if missing) with `options`
+    /// (`-o`, comma-separated; empty for none).
+    pub fn create(
+        kind: FsKind,
+        image: &Path,
+        bytes: u64,
+        mount_point: &Path,
+        options: &str,
+    ) -> Self {
+        sparse_file(image, bytes);
+        let (mkfs, args) = kind.mkfs(image);
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        run_cmd(mkfs, &args);
+        let device = LoopDevice::attach(image);
+        fs::create_dir_all(mount_point).unwrap();
+        let dev = path_str(&device.path);
+        let mp = path_str(mount_point);
+        let mut args = vec!["-t", kind.name()];
+        if !options.is_empty() {
+            args.extend(["-o", options]);
+        }
+        args.extend([dev.as_str(), mp.as_str()]);
+        run_cmd("mount", &args);
+        Self {
+            kind,
+            mount_point: mount_point.to_path_buf(),
+            device,
+        }
+    }
+
+    /// Mounts of this filesystem (the mount itself and any bind of it).
+    pub fn mounts(&self) -> Vec<MountLine> {
+        let dev = self.device.dev();
+        mounts().into_iter().filter(|m| m.dev == dev).collect()
+    }
+}
+
+impl Drop for LoopFs {
+    fn drop(&mut self) {
+        use nix::mount::{umount2, MntFlags};
+        for _ in 0..64 {
+            let Some(m) = self
+                .mounts()
+                .into_iter()
+                .max_by_key(|m| m.mount_point.components().count())
+            else {
+                break;
+            };
+            if umount2(&m.mount_point, MntFlags::empty()).is_err() {
+                let _ = umount2(&m.mount_point, MntFlags::MNT_DETACH);
+            }
+        }
+        // `device` drops next and detaches the loop device.
+    }
+}
+
+// ---------------------------------------------------------------------------
+// LVM volume groups on loop devices (VM tests: tests/vm_lvm.rs)
+// ---------------------------------------------------------------------------
+
+/// Whether device-mapper works here: in the project's VM, not on hosts whose
+/// kernel lacks it.
+pub fn has_device_mapper() -> bool {
+    Path::new("/dev/mapper/control").exists()
+        && Command::new("dmsetup")
+            .arg("version")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status()
+            .is_ok_and(|s| s.success())
+}
+
+/// One logical volume as `lvs` reports it (parsed here, independently of the
+/// driver's own parser).
+#[derive(Clone, Debug, PartialEq)]
+pub struct LvRow {
+    pub name: String,
+    pub size: i64,
+    pub tags: Vec<String>,
+    pub attr: String,
+    pub pool_lv: String,
+    pub origin: String,
+    pub data_percent: Option<f64>,
+    /// `lv_device_open`: something holds the device open.
+    pub open: bool,
+}
+
+impl LvRow {
+    pub fn is_active(&self) -> bool {
+        self.attr.chars().nth(4) == Some('a')
+    }
+}
+
+/// A volume group on a loop device over a sparse image in its own temp dir
+/// (tmpfs in the VM), with an optional thin pool `tp`. Drop unmounts whatever
+/// is mounted from its LVs, removes the VG, the PV and the loop device, so a
+/// failed test leaves nothing behind. Declare it before the [`Driver`] (locals
+/// drop in reverse order), or after it in a struct.
+pub struct LoopVg {
+    pub vg: String,
+    pub thin_pool: Option<String>,
+    device: Option<LoopDevice>,
+    _dir: tempfile::TempDir,
+}
+
+impl LoopVg {
+    /// A VG of `bytes` (sparse), with a thin pool of `thin_pool_bytes` if given.
+    pub fn create(bytes: u64, thin_pool_bytes: Option<u64>) -> Self {
+        use std::sync::atomic::{AtomicUsize, Ordering};
+        static N: AtomicUsize = AtomicUsize::new(0);
+        assert!(
+            has_device_mapper(),
+            "no device-mapper in this kernel: LVM tests run in the VM (make test-vm)"
+        );
+        let dir = tempfile::Builder::new()
+            .prefix("localvol-vg-")
+            .tempdir()
+            .unwrap();
+        let device = LoopDevice::create(&dir.path().join("pv.img"), bytes);
+        let mut me = Self {
+            vg: format!(
+                "lvt{}n{}",
+                std::process::id(),
+                N.fetch_add(1, Ordering::Relaxed)
+            ),
+            thin_pool: None,
+            device: Some(device),
+            _dir: dir,
+        };
+        // vgcreate makes the PV too (one lvm call: they are slow in the VM).
+        run_cmd("lvm", &["vgcreate", "-qq", &me.vg, &me.pv()]);
+        if let Some(b) = thin_pool_bytes {
+            let tp = format!("{}/tp", me.vg);
+            run_cmd(
+                "lvm",
+                &["lvcreate", "-qq", "-y", "-T", "-L", &format!("{b}b"), &tp],
+            );
+            me.thin_pool = Some("tp".into());
+        }
+        me
+    }
+
+    /// The loop device under the VG.
+    pub fn pv(&self) -> String {
+        path_str(&self.device.as_ref().expect("loop device").path)
+    }
+
+    /// `/dev/<vg>/<lv>`.
+    pub fn dev_path(&self, lv: &str) -> PathBuf {
+        PathBuf::from(format!("/dev/{}/{lv}", self.vg))
+    }
+
+    /// Every LV of the VG (`lvs` without `-a`: no hidden LVs).
+    pub fn lvs(&self) -> Vec<LvRow> {
+        let out = run_cmd(
+            "lvm",
+            &[
+                "lvs",
+                "--reportformat",
+                "json",
+                "--units",
+                "b",
+                "--nosuffix",
+                "-o",
+                "lv_name,lv_size,lv_tags,lv_attr,pool_lv,origin,data_percent,lv_device_open",
+                &self.vg,
+            ],
+        );
+        let v: serde_json::Value = serde_json::from_str(&out)
+            .unwrap_or_else(|e| panic!("lvs printed no JSON ({e}): {out}"));
+        let s = |l: &serde_json::Value, k: &str| l[k].as_str().unwrap_or_default().to_owned();
+        v["report"][0]["lv"]
+            .as_array()
+            .map(|a| a.as_slice())
+            .unwrap_or_default()
+            .iter()
+            .map(|l| LvRow {
+                name: s(l, "lv_name"),
+                size: s(l, "lv_size").parse().expect("lv_size in bytes"),
+                tags: s(l, "lv_tags")
+                    .split(',')
+                    .filter(|t| !t.is_empty())
+                    .map(str::to_owned)
+                    .collect(),
+                attr: s(l, "lv_attr"),
+                pool_lv: s(l, "pool_lv"),
+                origin: s(l, "origin"),
+                data_percent: s(l, "data_percent").parse().ok(),
+                open: s(l, "lv_device_open") == "open",
+            })
+            .collect()
+    }
+
+    pub fn lv(&self, name: &str) -> Option<LvRow> {
+        self.lvs().into_iter().find(|l| l.name == name)
+    }
+
+    /// (`vg_size`, `vg_free`, `vg_extent_size`) in bytes.
+    pub fn vg_sizes(&self) -> (i64, i64, i64) {
+        let out = run_cmd(
+            "lvm",
+            &[
+                "vgs",
+                "--noheadings",
+                "--units",
+                "b",
+                "--nosuffix",
+                "--separator",
+                ":",
+                "-o",
+                "vg_size,vg_free,vg_extent_size",
+                &self.vg,
+            ],
+        );
+        let n: Vec<i64> = out
+            .trim()
+            .split(':')
+            .map(|x| x.trim().parse().expect("vgs number"))
+            .collect();
+        (n[0], n[1], n[2])
+    }
+}
+
+impl Drop for LoopVg {
+    fn drop(&mut self) {
+        let quiet = |args: &[&str]| {
+            Command::new("lvm")
+                .args(args)
+                .stdin(Stdio::null())
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .status()
+                .is_ok_and(|s| s.success())
+        };
+        // Unmount whatever a failed test left mounted from this VG's LVs: the
+        // dm devices named `<vg>-...` (this VG's name has no '-').
+        let prefix = format!("{}-", self.vg);
+        if let Ok(dir) = fs::read_dir("/sys/block") {
+            let devs: Vec<String> = dir
+                .flatten()
+                .map(|e| e.path())
+                .filter(|p| {
+                    fs::read_to_string(p.join("dm/name")).is_ok_and(|n| n.starts_with(&prefix))
+                })
+                .filter_map(|p| Some(fs::read_to_string(p.join("dev")).ok()?.trim().to_owned()))
+                .collect();
+            for _ in 0..64 {
+                let Some(m) = mounts()
+                    .into_iter()
+                    .filter(|m| devs.contains(&m.dev))
+                    .max_by_key(|m| m.mount_point.components().count())
+                else {
+                    break;
+                };
+                use nix::mount::{umount2, MntFlags};
+                if umount2(&m.mount_point, MntFlags::empty()).is_err() {
+                    let _ = umount2(&m.mount_point, MntFlags::MNT_DETACH);
+                }
+            }
+        }
+        // Deactivating is enough: the metadata goes with the image file, and
+        // it is cheaper than vgremove (each lvm call is slow in the VM).
+        if !quiet(&["vgchange", "-qq", "-an", &self.vg]) {
+            eprintln!(
+                "WARNING: vgchange -an {} failed; removing its dm devices",
+                self.vg
+            );
+            // dm names are `<vg>-<lv>` (this VG's name has no '-').
+            let prefix = format!("{}-", self.vg);
+            if let Ok(out) = Command::new("dmsetup")
+                .args(["ls"])
+                .stderr(Stdio::null())
+                .output()
+            {
+                for name in String::from_utf8_lossy(&out.stdout)
+                    .lines()
+                    .filter_map(|l| l.split_whitespace().next())
+                    .filter(|n| n.starts_with(&prefix))
+                {
+                    let _ = Command::new("dmsetup")
+                        .args(["remove", "--force", name])
+                        .stdin(Stdio::null())
+                        .status();
+                }
+            }
+            quiet(&["vgchange", "-qq", "-an", &self.vg]);
+        }
+        // The loop device detaches when `device` drops, and the image goes
+        // with the temp dir.
+        self.device.take();
+    }
 }
 
 // ---------------------------------------------------------------------------

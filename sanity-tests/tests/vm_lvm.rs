@@ -1,0 +1,1474 @@
+//! LVM pools in a real kernel.
+//!
+//! The machines' own kernel has no device-mapper, so every test here is
+//! `#[ignore]`d by a plain `cargo test`: `make test-vm` runs them inside the
+//! qemu guest (vm/README.md) with `--ignored --test-threads=1`. Each test makes
+//! its own volume group on a loop device over a sparse file on the guest's
+//! tmpfs ([`LoopVg`], removed on drop even when the test fails), starts the
+//! real `localvol serve` on one LVM pool, and runs once against a thick pool
+//! and once against a thin pool (`<scenario>::thick`, `<scenario>::thin`).
+//!
+//! Ground truth is checked with LVM's own tools (`lvs`, `vgs`, `blkid`), never
+//! through the driver.
+
+use std::fs;
+use std::io::{Read, Seek, SeekFrom, Write};
+use std::os::unix::fs::{FileTypeExt, MetadataExt};
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use localvol::csi;
+use sanity_tests::*;
+use tonic::{Code, Status};
+
+const GIB: u64 = 1 << 30;
+/// Every pool keeps this much back.
+const RESERVE: i64 = 64 * MI;
+/// Thin pools offer twice their size.
+const THIN_RATIO: f64 = 2.0;
+/// LVM's default extent size: volume sizes are multiples of it.
+const EXTENT: i64 = 4 * MI;
+/// mkfs.xfs refuses filesystems below 300 MiB.
+const XFS_SIZE: i64 = 320 * MI;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Kind {
+    Thick,
+    Thin,
+}
+
+/// Makes each scenario one test that runs it against a thick pool and a thin
+/// pool at once (each on its own VG and driver): lvm commands are slow under
+/// TCG, and the VM has two vCPUs.
+/// The tests are `thick_and_thin::<scenario>`.
+macro_rules! thick_and_thin {
+    ($($scenario:ident),* $(,)?) => {
+        mod thick_and_thin {
+            use super::both;
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                #[ignore = "needs device-mapper: run by make test-vm in the VM"]
+                async fn $scenario() {
+                    both(stringify!($scenario), super::$scenario).await
+                }
+            )*
+        }
+    };
+}
+
+/// Runs `scenario` for both kinds concurrently; fails (naming the kind and
+/// its panic) when either failed. Prints how long each took (shown with
+/// `--nocapture`; the total VM time is budgeted).
+async fn both<F, Fut>(name: &str, scenario: F)
+where
+    F: Fn(Kind) -> Fut,
+    Fut: std::future::Future<Output = ()> + Send + 'static,
+{
+    let runs: Vec<_> = [Kind::Thick, Kind::Thin]
+        .into_iter()
+        .map(|kind| {
+            let (label, run) = (format!("{name}::{kind:?}"), scenario(kind));
+            let task = tokio::spawn(async move {
+                let start = Instant::now();
+                run.await;
+                eprintln!("vm_lvm: {label} took {:.1?}", start.elapsed());
+            });
+            (kind, task)
+        })
+        .collect();
+    let mut failed = Vec::new();
+    for (kind, task) in runs {
+        if let Err(e) = task.await {
+            let why = match e.try_into_panic() {
+                Ok(p) => p
+                    .downcast_ref::<String>()
+                    .cloned()
+                    .or_else(|| p.downcast_ref::<&str>().map(|s| s.to_string()))
+                    .unwrap_or_else(|| "panicked".into()),
+                Err(e) => e.to_string(),
+            };
+            failed.push(format!("{kind:?}: {why}"));
+        }
+    }
+    assert!(failed.is_empty(), "{name} failed:\n{}", failed.join("\n"));
+}
+
+thick_and_thin!(
+    conformance,
+    lifecycle_with_data,
+    never_reformats,
+    expansion_while_published,
+    block_mode,
+    crash_mid_create,
+    pool_full,
+    delete_while_in_use,
+);
+
+// ---------------------------------------------------------------------------
+// Fixture
+// ---------------------------------------------------------------------------
+
+/// A driver serving one LVM pool ("thick", or "thin" on the thin pool `tp`)
+/// on a 2 GiB VG of its own. Fields drop in order: the driver (and every mount
+/// below its dir) before the VG.
+struct Fx {
+    d: Driver,
+    vg: LoopVg,
+    kind: Kind,
+    pool: &'static str,
+}
+
+impl Fx {
+    async fn new(kind: Kind) -> Self {
+        Self::with(kind, |o| o).await
+    }
+
+    /// Like [`Fx::new`], with changes to the pool's options.
+    async fn with(kind: Kind, change: impl FnOnce(LvmPoolOpts) -> LvmPoolOpts) -> Self {
+        let (vg, opts) = match kind {
+            Kind::Thick => {
+                let vg = LoopVg::create(2 * GIB, None);
+                let o = LvmPoolOpts::new("thick", &vg.vg);
+                (vg, o)
+            }
+            Kind::Thin => {
+                let vg = LoopVg::create(2 * GIB, Some(GIB));
+                let o = LvmPoolOpts::new("thin", &vg.vg)
+                    .thin_pool("tp")
+                    .overprovision_ratio(THIN_RATIO);
+                (vg, o)
+            }
+        };
+        let opts = change(opts.reserve("64Mi"));
+        let d = Driver::start(DriverOpts::with_lvm_pools(vec![opts])).await;
+        Fx {
+            d,
+            vg,
+            kind,
+            pool: match kind {
+                Kind::Thick => "thick",
+                Kind::Thin => "thin",
+            },
+        }
+    }
+
+    /// What GetCapacity must say, from LVM's own numbers: thick, VG free minus
+    /// the reserve; thin, pool size × ratio minus every thin LV's size minus
+    /// the reserve; in whole extents.
+    fn expected_capacity(&self) -> i64 {
+        let (_, free, extent) = self.vg.vg_sizes();
+        let raw = match self.kind {
+            Kind::Thick => free - RESERVE,
+            Kind::Thin => {
+                let lvs = self.vg.lvs();
+                let tp = lvs.iter().find(|l| l.name == "tp").expect("thin pool tp");
+                let promised: i64 = lvs
+                    .iter()
+                    .filter(|l| l.attr.starts_with('V') && l.pool_lv == "tp")
+                    .map(|l| l.size)
+                    .sum();
+                (tp.size as f64 * THIN_RATIO) as i64 - RESERVE - promised
+            }
+        };
+        raw.max(0) / extent * extent
+    }
+
+    /// The largest volume the pool could ever hold.
+    fn ever(&self) -> i64 {
+        let (size, _, extent) = self.vg.vg_sizes();
+        let raw = match self.kind {
+            Kind::Thick => size - RESERVE,
+            Kind::Thin => {
+                let tp = self.vg.lv("tp").expect("thin pool tp");
+                (tp.size as f64 * THIN_RATIO) as i64 - RESERVE
+            }
+        };
+        raw / extent * extent
+    }
+
+    /// LVM's default extent size (checked in `conformance`).
+    fn extent(&self) -> i64 {
+        EXTENT
+    }
+
+    /// The LV behind a volume id.
+    fn lv(&self, volume_id: &str) -> Option<LvRow> {
+        self.vg.lv(&lv_name(volume_id))
+    }
+
+    #[track_caller]
+    fn lv_size(&self, volume_id: &str) -> i64 {
+        self.lv(volume_id)
+            .unwrap_or_else(|| panic!("no LV for {volume_id}"))
+            .size
+    }
+
+    fn dev(&self, volume_id: &str) -> PathBuf {
+        self.vg.dev_path(&lv_name(volume_id))
+    }
+
+    /// Names of every LV in the VG, sorted.
+    fn lv_names(&self) -> Vec<String> {
+        let mut v: Vec<String> = self.vg.lvs().into_iter().map(|l| l.name).collect();
+        v.sort();
+        v
+    }
+
+    /// The LVs tagged with this CSI name.
+    fn lvs_named(&self, name: &str) -> Vec<LvRow> {
+        let tag = format!("localvol.name={name}");
+        self.vg
+            .lvs()
+            .into_iter()
+            .filter(|l| l.tags.contains(&tag))
+            .collect()
+    }
+
+    /// The exact tags the driver puts on a volume's LV.
+    fn expected_tags(&self, name: &str, access: &str) -> Vec<String> {
+        let mut t = vec![
+            "localvol".to_owned(),
+            format!("localvol.access={access}"),
+            format!("localvol.name={name}"),
+            format!("localvol.pool={}", self.pool),
+        ];
+        t.sort();
+        t
+    }
+
+    async fn create(&self, req: csi::CreateVolumeRequest) -> Result<csi::Volume, Status> {
+        self.d.controller().create_volume(req).await.map(|r| {
+            r.into_inner()
+                .volume
+                .expect("CreateVolume returned no volume")
+        })
+    }
+
+    #[track_caller]
+    fn assert_lv_gone(&self, volume_id: &str) {
+        assert!(
+            self.lv(volume_id).is_none(),
+            "the LV of {volume_id} is still there: {:?}",
+            self.lv_names()
+        );
+    }
+}
+
+fn lv_name(volume_id: &str) -> String {
+    let (_, key) = volume_id
+        .rsplit_once('.')
+        .unwrap_or_else(|| panic!("{volume_id:?} is not a localvol volume id"));
+    format!("lv-{key}")
+}
+
+fn sorted(mut v: Vec<String>) -> Vec<String> {
+    v.sort();
+    v
+}
+
+/// A mount capability asking for a filesystem type ("" for the pool's default).
+fn fs_cap(fs: &str) -> csi::VolumeCapability {
+    let mut c = mount_cap(AccessMode::SingleNodeWriter);
+    if let Some(csi::volume_capability::AccessType::Mount(m)) = c.access_type.as_mut() {
+        m.fs_type = fs.to_owned();
+    }
+    c
+}
+
+fn blk() -> csi::VolumeCapability {
+    block_cap(AccessMode::SingleNodeWriter)
+}
+
+fn sized(
+    name: &str,
+    required: i64,
+    limit: i64,
+    cap: csi::VolumeCapability,
+) -> csi::CreateVolumeRequest {
+    csi::CreateVolumeRequest {
+        name: name.to_owned(),
+        capacity_range: Some(range(required, limit)),
+        volume_capabilities: vec![cap],
+        ..Default::default()
+    }
+}
+
+async fn stage_cap(
+    d: &Driver,
+    id: &str,
+    staging: &Path,
+    cap: csi::VolumeCapability,
+) -> Result<csi::NodeStageVolumeResponse, Status> {
+    let mut req = stage_req(id, staging);
+    req.volume_capability = Some(cap);
+    d.node()
+        .node_stage_volume(req)
+        .await
+        .map(|r| r.into_inner())
+}
+
+async fn publish_cap(
+    d: &Driver,
+    id: &str,
+    staging: &Path,
+    target: &Path,
+    cap: csi::VolumeCapability,
+) -> Result<csi::NodePublishVolumeResponse, Status> {
+    let mut req = publish_req(id, staging, target, false);
+    req.volume_capability = Some(cap);
+    d.node()
+        .node_publish_volume(req)
+        .await
+        .map(|r| r.into_inner())
+}
+
+/// Unwraps a result whose `Response` was already taken apart.
+#[track_caller]
+fn must<T>(what: &str, r: Result<T, Status>) -> T {
+    r.unwrap_or_else(|s| panic!("{what}: expected OK, got {:?}: {}", s.code(), s.message()))
+}
+
+#[track_caller]
+fn must_fail<T: std::fmt::Debug>(what: &str, r: Result<T, Status>, want: Code) -> Status {
+    match r {
+        Ok(v) => panic!("{what}: expected {want:?}, got OK: {v:?}"),
+        Err(s) => {
+            assert_eq!(
+                s.code(),
+                want,
+                "{what}: got {:?}: {}",
+                s.code(),
+                s.message()
+            );
+            s
+        }
+    }
+}
+
+/// `blkid -p` of one tag (TYPE, UUID); None when the device holds no signature.
+fn blkid(dev: &Path, tag: &str) -> Option<String> {
+    let out = Command::new("blkid")
+        .args(["-p", "-o", "value", "-s", tag])
+        .arg(dev)
+        .output()
+        .expect("running blkid");
+    match out.status.code() {
+        Some(0) => Some(String::from_utf8_lossy(&out.stdout).trim().to_owned()),
+        Some(2) => None,
+        _ => panic!(
+            "blkid {dev:?} failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        ),
+    }
+}
+
+/// The filesystem type of the top mount at `path` (mountinfo's field after " - ").
+fn fs_type_at(path: &Path) -> Option<String> {
+    let text = fs::read_to_string("/proc/self/mountinfo").unwrap();
+    let p = path_str(path);
+    text.lines()
+        .rev()
+        .filter(|l| l.split(' ').nth(4) == Some(p.as_str()))
+        .find_map(|l| l.split(" - ").nth(1)?.split(' ').next().map(str::to_owned))
+}
+
+/// statvfs total bytes.
+fn fs_total(path: &Path) -> u64 {
+    let s = nix::sys::statvfs::statvfs(path).unwrap();
+    s.blocks() * s.fragment_size()
+}
+
+/// `blockdev --getsize64` (opening a bound target file opens the device).
+fn device_size(path: &Path) -> i64 {
+    run_cmd("blockdev", &["--getsize64", &path_str(path)])
+        .trim()
+        .parse()
+        .unwrap()
+}
+
+#[track_caller]
+fn assert_file(dir: &Path, name: &str, want: &[u8]) {
+    let got = fs::read(dir.join(name)).unwrap_or_else(|e| panic!("reading {name} in {dir:?}: {e}"));
+    assert!(got == want, "{name} in {dir:?}: content differs");
+}
+
+fn lvchange(vg: &LoopVg, volume_id: &str, flag: &str) {
+    run_cmd(
+        "lvm",
+        &[
+            "lvchange",
+            "-qq",
+            flag,
+            &format!("{}/{}", vg.vg, lv_name(volume_id)),
+        ],
+    );
+}
+
+fn condition(r: &csi::NodeGetVolumeStatsResponse) -> (bool, String) {
+    let c = r.volume_condition.as_ref().expect("volume_condition");
+    (c.abnormal, c.message.clone())
+}
+
+// ---------------------------------------------------------------------------
+// 1. Conformance subset
+// ---------------------------------------------------------------------------
+
+async fn conformance(kind: Kind) {
+    require_root();
+    let f = Fx::new(kind).await;
+    let (d, pool) = (&f.d, f.pool);
+    let extent = f.vg.vg_sizes().2;
+    assert_eq!(extent, EXTENT, "LVM's default extent size");
+    let base_lvs = f.lv_names();
+
+    // GetCapacity is LVM's free space minus the reserve.
+    let cap0 = d.capacity(None).await;
+    assert_eq!(
+        cap0.available_capacity,
+        f.expected_capacity(),
+        "GetCapacity, empty pool"
+    );
+    assert_eq!(cap0.maximum_volume_size, Some(cap0.available_capacity));
+    assert!(cap0.available_capacity > GIB as i64 / 2, "{cap0:?}");
+
+    // Sizes are whole extents, within the capacity range.
+    let c1 = must(
+        "create c1",
+        f.create(sized("c1", 10 * MI, 0, fs_cap(""))).await,
+    );
+    assert_eq!(c1.capacity_bytes, 12 * MI, "10 MiB rounds up to 3 extents");
+    assert!(
+        c1.volume_id.starts_with(&format!("{pool}.")),
+        "{}",
+        c1.volume_id
+    );
+    assert_eq!(c1.accessible_topology, vec![topology(NODE_ID)]);
+    let lv = f.lv(&c1.volume_id).expect("the LV of c1");
+    assert_eq!(lv.size, 12 * MI);
+    assert_eq!(sorted(lv.tags.clone()), f.expected_tags("c1", "mount"));
+    assert!(lv.is_active(), "{lv:?}");
+    match kind {
+        Kind::Thick => assert!(lv.attr.starts_with('-'), "a plain LV: {lv:?}"),
+        Kind::Thin => {
+            assert!(lv.attr.starts_with('V'), "a thin LV: {lv:?}");
+            assert_eq!(lv.pool_lv, "tp");
+        }
+    }
+    assert_eq!(
+        blkid(&f.dev(&c1.volume_id), "TYPE"),
+        None,
+        "a new LV is blank"
+    );
+    must_fail(
+        "5Mi..6Mi cannot be met in 4 MiB extents",
+        f.create(sized("c2", 5 * MI, 6 * MI, fs_cap(""))).await,
+        Code::OutOfRange,
+    );
+    let c3 = must(
+        "create c3",
+        f.create(sized("c3", 8 * MI, 8 * MI, fs_cap(""))).await,
+    );
+    assert_eq!(c3.capacity_bytes, 8 * MI);
+    let c4 = must(
+        "limit only",
+        f.create(sized("c4", 0, 8 * MI, fs_cap(""))).await,
+    );
+    assert_eq!(
+        c4.capacity_bytes,
+        8 * MI,
+        "default size capped by limit_bytes"
+    );
+
+    // Repeats: same request → same volume; a mismatch → ALREADY_EXISTS.
+    for r in [range(10 * MI, 0), range(12 * MI, 12 * MI), range(0, 0)] {
+        let again = must(
+            &format!("repeat c1 {r:?}"),
+            f.create(csi::CreateVolumeRequest {
+                capacity_range: Some(r),
+                ..sized("c1", 0, 0, fs_cap(""))
+            })
+            .await,
+        );
+        assert_eq!(again.volume_id, c1.volume_id);
+        assert_eq!(again.capacity_bytes, 12 * MI);
+    }
+    for (what, req) in [
+        ("bigger", sized("c1", 20 * MI, 0, fs_cap(""))),
+        ("limit below", sized("c1", 4 * MI, 8 * MI, fs_cap(""))),
+        ("block", sized("c1", 10 * MI, 0, blk())),
+    ] {
+        must_fail(
+            &format!("c1 {what}"),
+            f.create(req).await,
+            Code::AlreadyExists,
+        );
+    }
+    let mut want = base_lvs.clone();
+    want.extend([
+        lv_name(&c1.volume_id),
+        lv_name(&c3.volume_id),
+        lv_name(&c4.volume_id),
+    ]);
+    assert_eq!(
+        f.lv_names(),
+        sorted(want.clone()),
+        "nothing else was created"
+    );
+
+    let cap1 = d.capacity(None).await.available_capacity;
+    assert_eq!(cap1, cap0.available_capacity - 28 * MI);
+    assert_eq!(cap1, f.expected_capacity());
+
+    // ListVolumes: this pool's volumes only, not other LVs of the VG.
+    let (size_arg, target_arg) = match kind {
+        Kind::Thick => ("-L", f.vg.vg.clone()),
+        Kind::Thin => ("-V", format!("{}/tp", f.vg.vg)),
+    };
+    let foreign_key = "0".repeat(32);
+    let foreign_lv = format!("lv-{foreign_key}");
+    let mut args = vec!["lvcreate", "-qq", "-y", size_arg, "4m", "-n", "foreign"];
+    if kind == Kind::Thin {
+        args.push("-T");
+    }
+    args.push(&target_arg);
+    run_cmd("lvm", &args);
+    let mut args = vec![
+        "lvcreate",
+        "-qq",
+        "-y",
+        size_arg,
+        "4m",
+        "-n",
+        &foreign_lv,
+        "--addtag",
+        "localvol",
+        "--addtag",
+        "localvol.pool=other",
+        "--addtag",
+        "localvol.name=x",
+        "--addtag",
+        "localvol.access=mount",
+    ];
+    if kind == Kind::Thin {
+        args.push("-T");
+    }
+    args.push(&target_arg);
+    run_cmd("lvm", &args);
+    let mut listed: Vec<(String, i64)> = d
+        .list_all()
+        .await
+        .into_iter()
+        .map(|v| (v.volume_id, v.capacity_bytes))
+        .collect();
+    listed.sort();
+    let mut want_list = vec![
+        (c1.volume_id.clone(), 12 * MI),
+        (c3.volume_id.clone(), 8 * MI),
+        (c4.volume_id.clone(), 8 * MI),
+    ];
+    want_list.sort();
+    assert_eq!(listed, want_list);
+    assert_eq!(
+        d.capacity(None).await.available_capacity,
+        f.expected_capacity(),
+        "other LVs use the pool too"
+    );
+    // Another pool's LV in this VG is not this pool's volume and is never removed.
+    let foreign_id = format!("{pool}.{foreign_key}");
+    let mut c = d.controller();
+    let r = c
+        .validate_volume_capabilities(csi::ValidateVolumeCapabilitiesRequest {
+            volume_id: foreign_id.clone(),
+            volume_capabilities: vec![fs_cap("")],
+            ..Default::default()
+        })
+        .await;
+    assert_code("Validate of another pool's LV", r, Code::NotFound);
+    let r = c
+        .delete_volume(csi::DeleteVolumeRequest {
+            volume_id: foreign_id.clone(),
+            ..Default::default()
+        })
+        .await;
+    assert_code("Delete of another pool's LV", r, Code::FailedPrecondition);
+    assert!(
+        f.vg.lv(&foreign_lv).is_some(),
+        "another pool's LV was removed"
+    );
+
+    // ValidateVolumeCapabilities: block is fine on LVM.
+    let b1 = must("create b1", f.create(sized("b1", 4 * MI, 0, blk())).await);
+    assert_eq!(b1.capacity_bytes, 4 * MI);
+    assert_eq!(
+        sorted(f.lv(&b1.volume_id).unwrap().tags),
+        f.expected_tags("b1", "block")
+    );
+    for (id, caps, ok) in [
+        (&b1.volume_id, vec![blk()], true),
+        (&b1.volume_id, vec![fs_cap("")], false),
+        (&c1.volume_id, vec![fs_cap("xfs")], true),
+        (
+            &c1.volume_id,
+            vec![fs_cap("ext4"), mount_cap(AccessMode::SingleNodeReaderOnly)],
+            true,
+        ),
+        (&c1.volume_id, vec![blk()], false),
+    ] {
+        let r = must(
+            "ValidateVolumeCapabilities",
+            c.validate_volume_capabilities(csi::ValidateVolumeCapabilitiesRequest {
+                volume_id: id.clone(),
+                volume_capabilities: caps.clone(),
+                ..Default::default()
+            })
+            .await
+            .map(|r| r.into_inner()),
+        );
+        assert_eq!(r.confirmed.is_some(), ok, "{id} {caps:?}: {r:?}");
+        assert_eq!(r.message.is_empty(), ok, "{r:?}");
+    }
+
+    let staging = d.staging_path("c1");
+    let target = d.target_path("c1");
+    let mut n = d.node();
+    // Ids are validated before anything reaches LVM. This does not depend on
+    // the kind of pool: checked on the thick one only (lvm is slow in the VM).
+    if kind == Kind::Thick {
+        let lvs_before = f.lv_names();
+        let hex = "0123456789abcdef0123456789abcdef";
+        for bad in [
+            "../x".to_owned(),
+            "a/b".to_owned(),
+            format!("{pool}/../{hex}"),
+            format!("{pool}.{hex}\0"),
+            format!("{pool}..{hex}"),
+            "a".repeat(129),
+        ] {
+            let ia = Code::InvalidArgument;
+            let r = c
+                .delete_volume(csi::DeleteVolumeRequest {
+                    volume_id: bad.clone(),
+                    ..Default::default()
+                })
+                .await;
+            assert_code(&format!("Delete {bad:?}"), r, ia);
+            let r = c
+                .validate_volume_capabilities(csi::ValidateVolumeCapabilitiesRequest {
+                    volume_id: bad.clone(),
+                    volume_capabilities: vec![fs_cap("")],
+                    ..Default::default()
+                })
+                .await;
+            assert_code(&format!("Validate {bad:?}"), r, ia);
+            let r = c
+                .controller_expand_volume(csi::ControllerExpandVolumeRequest {
+                    volume_id: bad.clone(),
+                    capacity_range: Some(range(64 * MI, 0)),
+                    ..Default::default()
+                })
+                .await;
+            assert_code(&format!("ControllerExpand {bad:?}"), r, ia);
+            let r = n.node_stage_volume(stage_req(&bad, &staging)).await;
+            assert_code(&format!("Stage {bad:?}"), r, ia);
+            let r = n.node_get_volume_stats(stats_req(&bad, &staging)).await;
+            assert_code(&format!("Stats {bad:?}"), r, ia);
+            let r = n
+                .node_expand_volume(csi::NodeExpandVolumeRequest {
+                    volume_id: bad.clone(),
+                    volume_path: path_str(&target),
+                    capacity_range: Some(range(64 * MI, 0)),
+                    ..Default::default()
+                })
+                .await;
+            assert_code(&format!("NodeExpand {bad:?}"), r, ia);
+        }
+        // Well-formed ids of volumes that do not exist.
+        for unknown in [
+            format!("{pool}.{}", "f".repeat(32)),
+            format!("nopool.{hex}"),
+            format!("{pool}.$(reboot) lv-x;rm -rf"),
+        ] {
+            let r = c
+                .delete_volume(csi::DeleteVolumeRequest {
+                    volume_id: unknown.clone(),
+                    ..Default::default()
+                })
+                .await;
+            ok(&format!("Delete {unknown:?}"), r);
+            let r = n.node_stage_volume(stage_req(&unknown, &staging)).await;
+            assert_code(&format!("Stage {unknown:?}"), r, Code::NotFound);
+            let r = c
+                .controller_expand_volume(csi::ControllerExpandVolumeRequest {
+                    volume_id: unknown.clone(),
+                    capacity_range: Some(range(64 * MI, 0)),
+                    ..Default::default()
+                })
+                .await;
+            assert_code(&format!("ControllerExpand {unknown:?}"), r, Code::NotFound);
+        }
+        assert_eq!(f.lv_names(), lvs_before, "a bad id changed the VG");
+        assert!(!staging.exists() && !target.exists());
+    }
+
+    // NodeGetVolumeStats: a mounted filesystem (thick only: the filesystem
+    // part does not depend on the kind of LV) and a published block device.
+    if kind == Kind::Thick {
+        d.stage(&c1.volume_id, &staging).await;
+        d.publish(&c1.volume_id, &staging, &target, false).await;
+        let s = ok(
+            "stats c1",
+            n.node_get_volume_stats(stats_req(&c1.volume_id, &target))
+                .await,
+        );
+        let bytes = s
+            .usage
+            .iter()
+            .find(|u| u.unit == csi::volume_usage::Unit::Bytes as i32)
+            .unwrap();
+        let inodes = s
+            .usage
+            .iter()
+            .find(|u| u.unit == csi::volume_usage::Unit::Inodes as i32)
+            .unwrap();
+        assert!(bytes.total > 8 * MI && bytes.total <= 12 * MI, "{s:?}");
+        assert!(
+            bytes.used <= bytes.total && bytes.available <= bytes.total,
+            "{s:?}"
+        );
+        assert!(inodes.total > 0 && inodes.used > 0, "{s:?}");
+        assert_eq!(condition(&s), (false, "volume is healthy".into()));
+    }
+
+    let btarget = d.target_path("b1");
+    must(
+        "publish b1",
+        publish_cap(d, &b1.volume_id, &d.staging_path("b1"), &btarget, blk()).await,
+    );
+    let stats_b1 = || {
+        let req = stats_req(&b1.volume_id, &btarget);
+        let mut n = d.node();
+        async move { ok("stats b1", n.node_get_volume_stats(req).await) }
+    };
+    let s = stats_b1().await;
+    assert_eq!(s.usage.len(), 1, "{s:?}");
+    assert_eq!(s.usage[0].total, 4 * MI);
+    assert_eq!(s.usage[0].unit, csi::volume_usage::Unit::Bytes as i32);
+    assert!(!condition(&s).0, "{s:?}");
+    // Deactivated behind the driver's back: abnormal. Reactivated, the LV has
+    // a new device node and the pod's bind still shows the old one: abnormal
+    // until kubelet publishes it again.
+    lvchange(&f.vg, &b1.volume_id, "-an");
+    let (abnormal, msg) = condition(&stats_b1().await);
+    assert!(abnormal && msg.contains("not active"), "{msg}");
+    lvchange(&f.vg, &b1.volume_id, "-ay");
+    let (abnormal, msg) = condition(&stats_b1().await);
+    assert!(
+        abnormal && msg.contains("not a mount of this volume"),
+        "{msg}"
+    );
+    d.unpublish(&b1.volume_id, &btarget).await;
+    must(
+        "publish b1 again",
+        publish_cap(d, &b1.volume_id, &d.staging_path("b1"), &btarget, blk()).await,
+    );
+    let (abnormal, msg) = condition(&stats_b1().await);
+    assert!(!abnormal, "{msg}");
+    if kind == Kind::Thick {
+        // A filesystem volume cannot be deactivated while mounted: unmount first.
+        d.unpublish(&c1.volume_id, &target).await;
+        d.unstage(&c1.volume_id, &staging).await;
+        lvchange(&f.vg, &c1.volume_id, "-an");
+        fs::create_dir(&staging).ok();
+        let s = ok(
+            "stats of a deactivated c1",
+            n.node_get_volume_stats(stats_req(&c1.volume_id, &staging))
+                .await,
+        );
+        let (abnormal, msg) = condition(&s);
+        assert!(abnormal && msg.contains("not active"), "{msg}");
+        lvchange(&f.vg, &c1.volume_id, "-ay");
+    }
+
+    // Delete: the LV goes; a repeat is OK.
+    d.unpublish(&b1.volume_id, &btarget).await;
+    for v in [&c1, &c3, &c4, &b1] {
+        d.delete(&v.volume_id).await;
+        d.delete(&v.volume_id).await;
+    }
+    assert!(d.list_all().await.is_empty());
+    for lv in ["foreign", foreign_lv.as_str()] {
+        run_cmd(
+            "lvm",
+            &["lvremove", "-qq", "-y", &format!("{}/{lv}", f.vg.vg)],
+        );
+    }
+    assert_eq!(f.lv_names(), base_lvs);
+    assert_eq!(
+        d.capacity(None).await.available_capacity,
+        cap0.available_capacity
+    );
+}
+
+// ---------------------------------------------------------------------------
+// 2. Lifecycle with real data, across restarts
+// ---------------------------------------------------------------------------
+
+async fn lifecycle_with_data(kind: Kind) {
+    require_root();
+    // Thick: ext4 (the default default); thin: xfs as the pool's defaultFsType.
+    let (fs, size) = match kind {
+        Kind::Thick => ("ext4", 32 * MI),
+        Kind::Thin => ("xfs", XFS_SIZE),
+    };
+    let mut f = Fx::with(kind, |o| match kind {
+        Kind::Thick => o,
+        Kind::Thin => o.default_fs_type("xfs"),
+    })
+    .await;
+    let cap0 = f.d.capacity(None).await.available_capacity;
+    let v = f.d.create("life", size).await;
+    let id = v.volume_id.clone();
+    let dev = f.dev(&id);
+    assert_eq!(blkid(&dev, "TYPE"), None);
+
+    let staging = f.d.staging_path("life");
+    let target = f.d.target_path("life");
+    f.d.stage(&id, &staging).await;
+    assert_eq!(
+        blkid(&dev, "TYPE").as_deref(),
+        Some(fs),
+        "stage made the filesystem"
+    );
+    assert_eq!(fs_type_at(&staging).as_deref(), Some(fs));
+    let uuid = blkid(&dev, "UUID").expect("filesystem UUID");
+    f.d.publish(&id, &staging, &target, false).await;
+    write_file(&target, "file.txt", b"first write").unwrap();
+    fs::create_dir(target.join("sub")).unwrap();
+    write_file(&target.join("sub"), "nested", &vec![42u8; 100_000]).unwrap();
+    assert!(f.lv(&id).unwrap().open, "a mounted LV is open");
+
+    // Unpublish, unstage, restage elsewhere, republish.
+    f.d.unpublish(&id, &target).await;
+    assert!(!target.exists());
+    f.d.unstage(&id, &staging).await;
+    assert!(f.d.mounts_below_dir().is_empty());
+    assert!(!f.lv(&id).unwrap().open);
+    let staging = f.d.staging_path("life-2");
+    let target = f.d.target_path("life-2");
+    f.d.stage(&id, &staging).await;
+    assert_eq!(
+        blkid(&dev, "UUID").as_deref(),
+        Some(uuid.as_str()),
+        "restage reformatted"
+    );
+    f.d.publish(&id, &staging, &target, false).await;
+    assert_file(&target, "file.txt", b"first write");
+    assert_file(&target.join("sub"), "nested", &vec![42u8; 100_000]);
+
+    // A clean restart while published.
+    f.d.restart().await;
+    assert_file(&target, "file.txt", b"first write");
+    write_file(&target, "second.txt", b"after restart").unwrap();
+    f.d.publish(&id, &staging, &target, false).await; // idempotent after a restart
+    f.d.unpublish(&id, &target).await;
+    f.d.unstage(&id, &staging).await;
+
+    // A crash while staged.
+    let staging = f.d.staging_path("life-3");
+    f.d.stage(&id, &staging).await;
+    f.d.kill9();
+    f.d.start_again().await;
+    f.d.stage(&id, &staging).await; // idempotent after a crash
+    assert_file(&staging, "file.txt", b"first write");
+    assert_file(&staging, "second.txt", b"after restart");
+    assert_eq!(blkid(&dev, "UUID").as_deref(), Some(uuid.as_str()));
+    f.d.unstage(&id, &staging).await;
+    assert!(f.d.mounts_below_dir().is_empty());
+
+    f.d.delete(&id).await;
+    f.assert_lv_gone(&id);
+    assert!(!dev.exists(), "{dev:?} left behind");
+    f.d.delete(&id).await;
+    assert_eq!(f.d.capacity(None).await.available_capacity, cap0);
+}
+
+// ---------------------------------------------------------------------------
+// 3. Never reformat
+// ---------------------------------------------------------------------------
+
+async fn never_reformats(kind: Kind) {
+    require_root();
+    // The pool's default is ext4. Thick: make xfs (asked for in the
+    // capability), then ask for ext4; thin: make ext4, then ask for xfs.
+    let (have, other, size) = match kind {
+        Kind::Thick => ("xfs", "ext4", XFS_SIZE),
+        Kind::Thin => ("ext4", "xfs", 64 * MI),
+    };
+    let f = Fx::new(kind).await;
+    let d = &f.d;
+    let v = must(
+        "create",
+        f.create(sized("keep", size, 0, fs_cap(have))).await,
+    );
+    let id = v.volume_id.as_str();
+    let dev = f.dev(id);
+    let staging = d.staging_path("keep");
+
+    must("stage", stage_cap(d, id, &staging, fs_cap(have)).await);
+    assert_eq!(blkid(&dev, "TYPE").as_deref(), Some(have));
+    let uuid = blkid(&dev, "UUID").unwrap();
+    write_file(&staging, "precious", b"never lose me").unwrap();
+    d.unstage(id, &staging).await;
+
+    for (what, cap) in [("same type", fs_cap(have)), ("no type", fs_cap(""))] {
+        must(what, stage_cap(d, id, &staging, cap).await);
+        assert_eq!(fs_type_at(&staging).as_deref(), Some(have), "{what}");
+        assert_file(&staging, "precious", b"never lose me");
+        d.unstage(id, &staging).await;
+    }
+    let s = must_fail(
+        "restage asking for the other type",
+        stage_cap(d, id, &staging, fs_cap(other)).await,
+        Code::FailedPrecondition,
+    );
+    assert!(s.message().contains("not reformatting"), "{}", s.message());
+    assert!(
+        mounts_at(&staging).is_empty(),
+        "a refused stage left a mount"
+    );
+    assert_eq!(blkid(&dev, "TYPE").as_deref(), Some(have));
+    assert_eq!(blkid(&dev, "UUID").as_deref(), Some(uuid.as_str()));
+    must_fail(
+        "publish after a refused stage",
+        publish_cap(d, id, &staging, &d.target_path("keep"), fs_cap(have)).await,
+        Code::FailedPrecondition,
+    );
+
+    must(
+        "stage again",
+        stage_cap(d, id, &staging, fs_cap(have)).await,
+    );
+    assert_file(&staging, "precious", b"never lose me");
+    d.unstage(id, &staging).await;
+    d.delete(id).await;
+    f.assert_lv_gone(id);
+}
+
+// ---------------------------------------------------------------------------
+// 4. Expansion while published
+// ---------------------------------------------------------------------------
+
+async fn expansion_while_published(kind: Kind) {
+    require_root();
+    let f = Fx::new(kind).await;
+    let d = &f.d;
+    let mut c = d.controller();
+    let mut n = d.node();
+
+    // ext4 on the thick pool, xfs on the thin one (growing the filesystem
+    // does not depend on the kind of LV; the time in the VM does).
+    let fs = match kind {
+        Kind::Thick => "ext4",
+        Kind::Thin => "xfs",
+    };
+    {
+        let size = if fs == "xfs" { XFS_SIZE } else { 64 * MI };
+        let grown = size + 64 * MI;
+        let name = format!("grow-{fs}");
+        let v = must("create", f.create(sized(&name, size, 0, fs_cap(fs))).await);
+        let id = v.volume_id.as_str();
+        let staging = d.staging_path(&name);
+        let target = d.target_path(&name);
+        must("stage", stage_cap(d, id, &staging, fs_cap(fs)).await);
+        must(
+            "publish",
+            publish_cap(d, id, &staging, &target, fs_cap(fs)).await,
+        );
+        write_file(&target, "data", b"still here").unwrap();
+        let before = fs_total(&target);
+
+        let r = ok(
+            "ControllerExpandVolume",
+            c.controller_expand_volume(csi::ControllerExpandVolumeRequest {
+                volume_id: id.to_owned(),
+                capacity_range: Some(range(grown, 0)),
+                volume_capability: Some(fs_cap(fs)),
+                ..Default::default()
+            })
+            .await,
+        );
+        assert!(r.node_expansion_required, "{r:?}");
+        assert_eq!(r.capacity_bytes, grown);
+        assert_eq!(
+            f.lv_size(id),
+            size,
+            "the controller must leave the LV to the node"
+        );
+
+        let req = csi::NodeExpandVolumeRequest {
+            volume_id: id.to_owned(),
+            volume_path: path_str(&target),
+            staging_target_path: path_str(&staging),
+            capacity_range: Some(range(grown, 0)),
+            volume_capability: Some(fs_cap(fs)),
+            ..Default::default()
+        };
+        for round in ["first", "repeat"] {
+            let r = ok(
+                &format!("NodeExpandVolume {fs} {round}"),
+                n.node_expand_volume(req.clone()).await,
+            );
+            assert_eq!(r.capacity_bytes, grown);
+            assert_eq!(f.lv_size(id), grown, "{fs} {round}");
+            let after = fs_total(&target);
+            assert!(
+                after >= before + 48 * MI as u64,
+                "{fs} {round}: the filesystem did not grow ({before} -> {after})"
+            );
+        }
+        assert_file(&target, "data", b"still here");
+        d.unpublish(id, &target).await;
+        d.unstage(id, &staging).await;
+        d.delete(id).await;
+    }
+
+    // A raw block volume: the device grows.
+    let v = must(
+        "create block",
+        f.create(sized("grow-blk", 16 * MI, 0, blk())).await,
+    );
+    let id = v.volume_id.as_str();
+    let target = d.target_path("grow-blk");
+    must(
+        "publish block",
+        publish_cap(d, id, &d.staging_path("grow-blk"), &target, blk()).await,
+    );
+    let r = ok(
+        "ControllerExpandVolume block",
+        c.controller_expand_volume(csi::ControllerExpandVolumeRequest {
+            volume_id: id.to_owned(),
+            capacity_range: Some(range(32 * MI, 0)),
+            volume_capability: Some(blk()),
+            ..Default::default()
+        })
+        .await,
+    );
+    assert!(r.node_expansion_required);
+    assert_eq!(f.lv_size(id), 16 * MI);
+    let expand = |required: i64| csi::NodeExpandVolumeRequest {
+        volume_id: id.to_owned(),
+        volume_path: path_str(&target),
+        capacity_range: Some(range(required, 0)),
+        volume_capability: Some(blk()),
+        ..Default::default()
+    };
+    let r = ok(
+        "NodeExpandVolume block",
+        n.node_expand_volume(expand(32 * MI)).await,
+    );
+    assert_eq!(r.capacity_bytes, 32 * MI);
+    assert_eq!(f.lv_size(id), 32 * MI);
+    assert_eq!(
+        device_size(&target),
+        32 * MI,
+        "the published device did not grow"
+    );
+    // More than the pool can ever hold: OUT_OF_RANGE, the LV unchanged.
+    let r = n.node_expand_volume(expand(f.ever() + f.extent())).await;
+    assert_code("NodeExpandVolume beyond the pool", r, Code::OutOfRange);
+    assert_eq!(f.lv_size(id), 32 * MI);
+    d.unpublish(id, &target).await;
+    d.delete(id).await;
+}
+
+// ---------------------------------------------------------------------------
+// 5. Raw block volumes
+// ---------------------------------------------------------------------------
+
+async fn block_mode(kind: Kind) {
+    require_root();
+    let f = Fx::new(kind).await;
+    let d = &f.d;
+    let v = must("create", f.create(sized("blk", 16 * MI, 0, blk())).await);
+    let id = v.volume_id.as_str();
+    let dev = f.dev(id);
+    assert_eq!(
+        sorted(f.lv(id).unwrap().tags),
+        f.expected_tags("blk", "block")
+    );
+
+    // kubelet stages block volumes too: a no-op here.
+    let staging = d.staging_path("blk");
+    must("stage block", stage_cap(d, id, &staging, blk()).await);
+    assert!(
+        mounts_at(&staging).is_empty(),
+        "stage of a block volume mounted something"
+    );
+    assert_eq!(
+        blkid(&dev, "TYPE"),
+        None,
+        "stage of a block volume made a filesystem"
+    );
+
+    let target = d.target_path("blk");
+    for round in ["publish", "repeat"] {
+        must(round, publish_cap(d, id, &staging, &target, blk()).await);
+    }
+    assert_eq!(mounts_at(&target).len(), 1, "one bind at the target");
+    let md = fs::metadata(&target).unwrap();
+    assert!(
+        md.file_type().is_block_device(),
+        "the target is not the device"
+    );
+    assert_eq!(
+        md.rdev(),
+        fs::metadata(&dev).unwrap().rdev(),
+        "bound from another device"
+    );
+
+    // Plain (buffered) writes through the target reach the LV.
+    let pattern: Vec<u8> = (0..(1 << 20)).map(|i: u32| (i * 7 + 3) as u8).collect();
+    let offset = 3 * MI as u64 + 512;
+    {
+        let mut w = fs::OpenOptions::new().write(true).open(&target).unwrap();
+        w.seek(SeekFrom::Start(offset)).unwrap();
+        w.write_all(&pattern).unwrap();
+        w.sync_all().unwrap();
+    }
+    fs::write("/proc/sys/vm/drop_caches", "3").unwrap();
+    let mut back = vec![0u8; pattern.len()];
+    {
+        let mut r = fs::File::open(&dev).unwrap();
+        r.seek(SeekFrom::Start(offset)).unwrap();
+        r.read_exact(&mut back).unwrap();
+    }
+    assert!(
+        back == pattern,
+        "the LV does not hold what was written through the target"
+    );
+
+    d.unpublish(id, &target).await;
+    assert!(!target.exists(), "unpublish left the target file");
+    assert!(mounts_at(&target).is_empty());
+    d.unpublish(id, &target).await;
+    d.unstage(id, &staging).await;
+    d.delete(id).await;
+    f.assert_lv_gone(id);
+}
+
+// ---------------------------------------------------------------------------
+// 6. Crash in the middle of CreateVolume
+// ---------------------------------------------------------------------------
+
+/// An `lvm lvcreate` whose arguments carry this pool's and CSI name's tags:
+/// (pid, LV name).
+fn find_lvcreate(pool: &str, csi_name: &str) -> Option<(i32, String)> {
+    let tag = format!("localvol.name={csi_name}");
+    let pool_tag = format!("localvol.pool={pool}");
+    for e in fs::read_dir("/proc").ok()?.flatten() {
+        let Ok(pid) = e.file_name().to_string_lossy().parse::<i32>() else {
+            continue;
+        };
+        let Ok(cmdline) = fs::read(e.path().join("cmdline")) else {
+            continue;
+        };
+        let argv: Vec<String> = cmdline
+            .split(|b| *b == 0)
+            .map(|a| String::from_utf8_lossy(a).into_owned())
+            .collect();
+        if argv.get(1).map(String::as_str) == Some("lvcreate")
+            && argv.contains(&tag)
+            && argv.contains(&pool_tag)
+        {
+            let lv = argv
+                .iter()
+                .position(|a| a == "--name")
+                .and_then(|i| argv.get(i + 1))
+                .cloned()
+                .unwrap_or_default();
+            return Some((pid, lv));
+        }
+    }
+    None
+}
+
+/// Whether a process is gone (or a zombie).
+fn exited(pid: i32) -> bool {
+    match fs::read_to_string(format!("/proc/{pid}/stat")) {
+        Err(_) => true,
+        Ok(s) => s
+            .rsplit_once(") ")
+            .is_some_and(|(_, rest)| rest.starts_with('Z')),
+    }
+}
+
+fn sigkill(pid: i32) {
+    let _ = nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(pid),
+        nix::sys::signal::Signal::SIGKILL,
+    );
+}
+
+/// Sends CreateVolume, then kills the driver while `lvcreate` runs: with
+/// `with_lvm` (what a pod's cgroup kill or the OOM killer does) `lvcreate`
+/// dies too, as soon as its new LV's device appears (activated, not yet
+/// wiped); without, only the driver dies, as soon as `lvcreate` shows up.
+/// Returns a description of what was hit.
+async fn kill_during_create(f: &mut Fx, req: &csi::CreateVolumeRequest, with_lvm: bool) -> String {
+    let mut c = f.d.controller();
+    let r = req.clone();
+    let call = tokio::spawn(async move { c.create_volume(r).await });
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let found = loop {
+        if let Some(p) = find_lvcreate(f.pool, &req.name) {
+            break Some(p);
+        }
+        if call.is_finished() || Instant::now() > deadline {
+            break None;
+        }
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    };
+    let Some((pid, lv)) = found else {
+        f.d.kill9();
+        let _ = call.await;
+        return "lvcreate never seen (the create finished first)".into();
+    };
+    let what = if with_lvm {
+        let node = f.vg.dev_path(&lv);
+        loop {
+            if node.exists() || exited(pid) || Instant::now() > deadline {
+                break;
+            }
+            std::thread::sleep(Duration::from_micros(200));
+        }
+        let hit = node.exists() && !exited(pid);
+        sigkill(pid);
+        f.d.kill9();
+        if hit {
+            "killed driver + lvcreate right after the LV was activated".to_owned()
+        } else {
+            "killed driver + lvcreate (the activation window was missed)".to_owned()
+        }
+    } else {
+        f.d.kill9();
+        "killed the driver while lvcreate ran".to_owned()
+    };
+    let _ = call.await;
+    while !exited(pid) && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert!(exited(pid), "lvcreate {pid} still running");
+    let state = match f.vg.lv(&lv) {
+        None => "no LV".to_owned(),
+        Some(l) => format!(
+            "LV attr {} tags {:?} content {:?}",
+            l.attr,
+            l.tags,
+            if l.is_active() {
+                blkid(&f.vg.dev_path(&lv), "TYPE")
+            } else {
+                None
+            }
+        ),
+    };
+    format!("{what}; left: {state}")
+}
+
+async fn crash_mid_create(kind: Kind) {
+    require_root();
+    let mut f = Fx::new(kind).await;
+    let size = 64 * MI;
+
+    // A deleted volume's filesystem and data on the extents the next LV gets.
+    let old = f.d.create("old", size).await;
+    let staging = f.d.staging_path("old");
+    f.d.stage(&old.volume_id, &staging).await;
+    write_file(&staging, "secret", b"the previous tenant's data").unwrap();
+    f.d.unstage(&old.volume_id, &staging).await;
+    f.d.delete(&old.volume_id).await;
+
+    for (name, with_lvm) in [("crash-a", true), ("crash-b", false)] {
+        let req = sized(name, size, 0, fs_cap(""));
+        let what = kill_during_create(&mut f, &req, with_lvm).await;
+        eprintln!("crash_mid_create {kind:?} {name}: {what}");
+        f.d.start_again().await;
+        let v = must(
+            &format!("{name}: CreateVolume retried after a crash ({what})"),
+            f.create(req.clone()).await,
+        );
+        assert_eq!(v.capacity_bytes, size);
+        let lvs = f.lvs_named(name);
+        assert_eq!(lvs.len(), 1, "{name}: exactly one LV: {lvs:?}");
+        assert_eq!(lvs[0].name, lv_name(&v.volume_id));
+        assert_eq!(
+            sorted(lvs[0].tags.clone()),
+            f.expected_tags(name, "mount"),
+            "{what}"
+        );
+        assert!(lvs[0].is_active(), "{name}: the LV is not active ({what})");
+        assert_eq!(
+            blkid(&f.dev(&v.volume_id), "TYPE"),
+            None,
+            "{name}: the new volume is not blank ({what})"
+        );
+        let again = must("a second retry", f.create(req).await);
+        assert_eq!(again.volume_id, v.volume_id);
+
+        if with_lvm {
+            // Usable, and empty.
+            let staging = f.d.staging_path(name);
+            f.d.stage(&v.volume_id, &staging).await;
+            assert!(
+                !staging.join("secret").exists(),
+                "{name}: a deleted volume's data shows in a new one ({what})"
+            );
+            f.d.unstage(&v.volume_id, &staging).await;
+        }
+        f.d.delete(&v.volume_id).await;
+        f.assert_lv_gone(&v.volume_id);
+    }
+}
+
+// ---------------------------------------------------------------------------
+// 7. A full pool
+// ---------------------------------------------------------------------------
+
+async fn pool_full(kind: Kind) {
+    require_root();
+    let f = Fx::new(kind).await;
+    let d = &f.d;
+    let extent = f.extent();
+    let cap = d.capacity(None).await.available_capacity;
+    assert_eq!(cap, f.expected_capacity());
+    let base = f.lv_names();
+
+    // More than the pool can ever hold.
+    for size in [f.ever() + extent, 1 << 40] {
+        must_fail(
+            &format!("{size} bytes"),
+            f.create(sized("huge", size, 0, fs_cap(""))).await,
+            Code::OutOfRange,
+        );
+    }
+    assert_eq!(f.lv_names(), base, "a refused create left an LV");
+
+    // Fill the pool exactly; one extent more does not fit.
+    let fill = must("fill", f.create(sized("fill", cap, 0, fs_cap(""))).await);
+    assert_eq!(fill.capacity_bytes, cap);
+    assert_eq!(d.capacity(None).await.available_capacity, 0);
+    assert_eq!(f.expected_capacity(), 0);
+    let names = f.lv_names();
+    must_fail(
+        "one extent more",
+        f.create(sized("more", extent, 0, fs_cap(""))).await,
+        Code::ResourceExhausted,
+    );
+    assert_eq!(f.lv_names(), names, "a refused create left an LV");
+    if kind == Kind::Thick {
+        let (_, free, _) = f.vg.vg_sizes();
+        assert!(free >= RESERVE, "the reserve was handed out: {free} free");
+    }
+    d.delete(&fill.volume_id).await;
+    assert_eq!(d.capacity(None).await.available_capacity, cap);
+
+    // Concurrent creates never overcommit: 6 at once, room for 3.
+    let size = (cap * 2 / 7 + extent - 1) / extent * extent;
+    let fit = (cap / size) as usize;
+    assert_eq!(fit, 3);
+    let calls: Vec<_> = (0..6)
+        .map(|i| {
+            let mut c = d.controller();
+            let req = sized(&format!("c-{i}"), size, 0, fs_cap(""));
+            tokio::spawn(async move { c.create_volume(req).await })
+        })
+        .collect();
+    let mut created = 0;
+    for call in calls {
+        match call.await.unwrap() {
+            Ok(_) => created += 1,
+            Err(s) => assert_eq!(s.code(), Code::ResourceExhausted, "{}", s.message()),
+        }
+    }
+    assert_eq!(created, fit, "{created} of 6 creates succeeded; {fit} fit");
+    let ours: Vec<LvRow> =
+        f.vg.lvs()
+            .into_iter()
+            .filter(|l| l.tags.iter().any(|t| t == "localvol"))
+            .collect();
+    assert_eq!(ours.len(), fit, "{ours:?}");
+    let promised: i64 = ours.iter().map(|l| l.size).sum();
+    assert!(promised <= cap, "overcommitted: {promised} > {cap}");
+    assert_eq!(d.capacity(None).await.available_capacity, cap - promised);
+    if kind == Kind::Thick {
+        let (_, free, _) = f.vg.vg_sizes();
+        assert!(free >= RESERVE, "the reserve was handed out: {free} free");
+    }
+}
+
+// ---------------------------------------------------------------------------
+// 8. Delete while in use
+// ---------------------------------------------------------------------------
+
+async fn delete_while_in_use(kind: Kind) {
+    require_root();
+    let f = Fx::new(kind).await;
+    let d = &f.d;
+    let mut c = d.controller();
+    let del = |id: &str| csi::DeleteVolumeRequest {
+        volume_id: id.to_owned(),
+        ..Default::default()
+    };
+
+    let v = d.create("busy", 16 * MI).await;
+    let id = v.volume_id.as_str();
+    let staging = d.staging_path("busy");
+    let target = d.target_path("busy");
+    d.stage(id, &staging).await;
+    write_file(&staging, "data", b"in use").unwrap();
+    let r = c.delete_volume(del(id)).await;
+    assert_code("Delete while staged", r, Code::FailedPrecondition);
+    assert!(f.lv(id).is_some(), "the LV of a staged volume was removed");
+    d.publish(id, &staging, &target, false).await;
+    let r = c.delete_volume(del(id)).await;
+    assert_code("Delete while published", r, Code::FailedPrecondition);
+    assert_file(&target, "data", b"in use");
+    d.unpublish(id, &target).await;
+    d.unstage(id, &staging).await;
+    d.delete(id).await;
+    f.assert_lv_gone(id);
+
+    // A raw block volume: bound at a target, or held open by a process.
+    let v = must(
+        "create block",
+        f.create(sized("busy-blk", 16 * MI, 0, blk())).await,
+    );
+    let id = v.volume_id.as_str();
+    let target = d.target_path("busy-blk");
+    must(
+        "publish block",
+        publish_cap(d, id, &d.staging_path("busy-blk"), &target, blk()).await,
+    );
+    let r = c.delete_volume(del(id)).await;
+    assert_code(
+        "Delete of a published block volume",
+        r,
+        Code::FailedPrecondition,
+    );
+    assert!(
+        f.lv(id).is_some(),
+        "the LV of a published block volume was removed"
+    );
+    d.unpublish(id, &target).await;
+    let held = fs::File::open(f.dev(id)).unwrap();
+    let r = c.delete_volume(del(id)).await;
+    assert_code(
+        "Delete of an open block volume",
+        r,
+        Code::FailedPrecondition,
+    );
+    assert!(f.lv(id).is_some());
+    drop(held);
+    d.delete(id).await;
+    f.assert_lv_gone(id);
+}
