@@ -7,12 +7,12 @@ use std::fs::{self, OpenOptions};
 use std::io::Write;
 use std::os::fd::{AsFd, OwnedFd};
 use std::os::unix::ffi::OsStrExt;
-use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
+use std::os::unix::fs::{FileExt, MetadataExt, OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use nix::dir::Dir;
-use nix::fcntl::{openat, renameat, OFlag, AT_FDCWD};
+use nix::fcntl::{openat, renameat, renameat2, OFlag, RenameFlags, AT_FDCWD};
 use nix::sys::stat::{fstat, fstatat, Mode, SFlag};
 use nix::unistd::{unlinkat, UnlinkatFlags};
 
@@ -52,6 +52,82 @@ pub fn write_atomic(path: &Path, data: &[u8]) -> Result<()> {
         let _ = fs::remove_file(&tmp);
     }
     res
+}
+
+/// Like [`write_atomic`], but the temp file is `spare`: a file retired by
+/// [`retire_file`] on the same filesystem that nothing else uses. It is
+/// rewritten in place (its blocks are reused: none is allocated, none freed),
+/// cut to the new length, synced, renamed over `path`, and the folder synced:
+/// the same guarantees as [`write_atomic`]. Reuse is only a shortcut: a spare
+/// that is not a plain 0600 file with one link is left alone, and when
+/// anything fails before the rename the spare is removed; either way a new
+/// temp file does the job.
+pub fn write_atomic_reusing(path: &Path, data: &[u8], spare: &Path) -> Result<()> {
+    let dir = path
+        .parent()
+        .ok_or_else(|| Error::Internal(format!("{path:?} has no parent")))?;
+    let f = match OpenOptions::new()
+        .write(true)
+        .custom_flags(libc::O_NOFOLLOW)
+        .open(spare)
+    {
+        Ok(f) => f,
+        Err(_) => return write_atomic(path, data),
+    };
+    let old_len = match f.metadata() {
+        Ok(md) if md.is_file() && md.nlink() == 1 && md.mode() & 0o7777 == 0o600 => md.len(),
+        _ => return write_atomic(path, data),
+    };
+    let renamed = (|| {
+        f.write_all_at(data, 0)?;
+        if old_len > data.len() as u64 {
+            f.set_len(data.len() as u64)?;
+        }
+        f.sync_all()?;
+        fs::rename(spare, path)
+    })();
+    if renamed.is_err() {
+        let _ = fs::remove_file(spare);
+        return write_atomic(path, data);
+    }
+    sync_dir(dir)
+}
+
+/// Moves the file at `path` into `to_dir` (same filesystem) under a new unique
+/// name and makes its absence from its own folder durable (rename, then fsync
+/// of that folder). Returns where it went, or None when there was no file.
+///
+/// This is a removal that frees nothing: unlinking a synced file frees its
+/// blocks, which costs milliseconds on a filesystem mounted `discard` (the
+/// discard is synchronous) and stalls the device for everyone's fsyncs. The
+/// retired file can then serve [`write_atomic_reusing`].
+pub fn retire_file(path: &Path, to_dir: &Path) -> Result<Option<PathBuf>> {
+    let dir = path.parent().unwrap_or(Path::new("/"));
+    let name = path.file_name().and_then(|n| n.to_str()).unwrap_or("file");
+    for _ in 0..16 {
+        let n = TMP_COUNTER.fetch_add(1, Ordering::Relaxed);
+        let to = to_dir.join(format!("{name}.{}.{n}", std::process::id()));
+        match renameat2(AT_FDCWD, path, AT_FDCWD, &to, RenameFlags::RENAME_NOREPLACE) {
+            Ok(()) => {
+                sync_dir(dir)?;
+                return Ok(Some(to));
+            }
+            Err(nix::errno::Errno::ENOENT) if fs::symlink_metadata(path).is_err() => {
+                return Ok(None)
+            }
+            // A leftover of an earlier process with the same pid: next name.
+            Err(nix::errno::Errno::EEXIST) => continue,
+            // A filesystem without RENAME_NOREPLACE, or `to_dir` not reachable
+            // by a rename: remove the file the plain way.
+            Err(nix::errno::Errno::EINVAL | nix::errno::Errno::EXDEV) => {
+                return remove_file_durable(path).map(|()| None)
+            }
+            Err(e) => return Err(Error::io(format!("renaming {path:?} to {to:?}"), e.into())),
+        }
+    }
+    Err(Error::Internal(format!(
+        "no free name in {to_dir:?} to retire {path:?}"
+    )))
 }
 
 /// Makes a rename, creation or removal inside `dir` durable.
@@ -117,6 +193,14 @@ pub fn clear_dir(dir: &Path) -> Result<()> {
 
 /// Removes `dir` and everything in it, with the guarantees of [`clear_dir`].
 pub fn remove_tree(dir: &Path) -> Result<()> {
+    // An empty directory (or none) needs no walk: rmdir removes nothing else,
+    // never follows a symlink and refuses a mount point. Anything else takes
+    // the careful path below.
+    match fs::remove_dir(dir) {
+        Ok(()) => return Ok(()),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+        Err(_) => {}
+    }
     match fs::symlink_metadata(dir) {
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
         Err(e) => return Err(Error::io(format!("inspecting {dir:?}"), e)),
@@ -301,6 +385,76 @@ mod tests {
             fs::metadata(&p).unwrap().permissions().mode() & 0o777,
             0o600
         );
+    }
+
+    #[test]
+    fn retired_files_are_rewritten_in_place() {
+        let d = tempfile::tempdir().unwrap();
+        let (vols, spare) = (d.path().join("volumes"), d.path().join("deleted"));
+        fs::create_dir(&vols).unwrap();
+        fs::create_dir(&spare).unwrap();
+        let rec = vols.join("k.json");
+        assert_eq!(retire_file(&rec, &spare).unwrap(), None, "no file");
+        write_atomic(&rec, &[b'x'; 9000]).unwrap();
+        let ino = fs::metadata(&rec).unwrap().ino();
+        let retired = retire_file(&rec, &spare).unwrap().unwrap();
+        assert!(!rec.exists());
+        assert_eq!(retired.parent(), Some(spare.as_path()));
+        // Rewritten shorter: the same inode, exactly the new bytes.
+        let other = vols.join("other.json");
+        write_atomic_reusing(&other, b"new", &retired).unwrap();
+        assert_eq!(fs::read(&other).unwrap(), b"new");
+        assert_eq!(fs::metadata(&other).unwrap().ino(), ino);
+        assert!(!retired.exists());
+        assert_eq!(fs::read_dir(&spare).unwrap().count(), 0);
+        // Two retirements of the same name never collide.
+        write_atomic(&rec, b"1").unwrap();
+        let a = retire_file(&rec, &spare).unwrap().unwrap();
+        write_atomic(&rec, b"2").unwrap();
+        let b = retire_file(&rec, &spare).unwrap().unwrap();
+        assert_ne!(a, b);
+        assert_eq!(fs::read(&a).unwrap(), b"1");
+        assert_eq!(fs::read(&b).unwrap(), b"2");
+    }
+
+    #[test]
+    fn a_spare_that_cannot_be_renamed_falls_back_to_a_new_file() {
+        let d = tempfile::tempdir().unwrap();
+        let Ok(other_fs) = tempfile::tempdir_in("/dev/shm") else {
+            eprintln!("no /dev/shm: skipped");
+            return;
+        };
+        if fs::metadata(other_fs.path()).unwrap().dev() == fs::metadata(d.path()).unwrap().dev() {
+            eprintln!("/dev/shm is on the temp dir's filesystem: skipped");
+            return;
+        }
+        let spare = other_fs.path().join("spare");
+        write_atomic(&spare, b"old").unwrap();
+        let rec = d.path().join("r.json");
+        write_atomic_reusing(&rec, b"new", &spare).unwrap();
+        assert_eq!(fs::read(&rec).unwrap(), b"new");
+        assert!(!spare.exists(), "the unusable spare is removed");
+        let left: Vec<_> = fs::read_dir(d.path()).unwrap().collect();
+        assert_eq!(left.len(), 1, "no temp file left: {left:?}");
+    }
+
+    #[test]
+    fn a_spare_that_is_not_a_private_file_is_not_written() {
+        let d = tempfile::tempdir().unwrap();
+        let outside = d.path().join("precious");
+        fs::write(&outside, b"keep").unwrap();
+        fs::set_permissions(&outside, fs::Permissions::from_mode(0o600)).unwrap();
+        let link = d.path().join("link");
+        symlink(&outside, &link).unwrap();
+        let linked = d.path().join("linked");
+        fs::hard_link(&outside, &linked).unwrap();
+        let rec = d.path().join("r.json");
+        for bad in [&link, &linked, &d.path().join("missing")] {
+            write_atomic_reusing(&rec, b"data", bad).unwrap();
+            assert_eq!(fs::read(&rec).unwrap(), b"data");
+        }
+        assert_eq!(fs::read(&outside).unwrap(), b"keep");
+        assert!(link.is_symlink() && linked.exists());
     }
 
     #[test]

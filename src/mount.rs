@@ -5,12 +5,17 @@
 //! its source *inside that filesystem* (the `root` field), so "is this directory
 //! mounted somewhere" and "is this mount a bind of that directory" are both
 //! answered by comparing `(device, root)` pairs ([`Location`]).
+//!
+//! Reading the table is on every node RPC's path, so the parser is a single pass
+//! over the bytes that keeps only the fields the driver uses. Callers read the
+//! table once per decision and pass the [`MountTable`] along instead of reading
+//! it again.
 
-use std::os::unix::ffi::{OsStrExt, OsStringExt};
+use std::ffi::OsString;
+use std::io::Read;
+use std::os::unix::ffi::OsStringExt;
 use std::path::{Path, PathBuf};
 
-use procfs_core::process::{MountInfo, MountInfos};
-use procfs_core::FromRead;
 use sys_mount::{Mount, MountFlags, UnmountFlags};
 
 use crate::error::{Error, IoContext, Result};
@@ -53,37 +58,64 @@ pub struct MountTable {
 impl MountTable {
     /// Reads `/proc/self/mountinfo` (blocking).
     pub fn read() -> Result<Self> {
-        let f = std::fs::File::open("/proc/self/mountinfo")
+        let mut f = std::fs::File::open("/proc/self/mountinfo")
             .ctx(|| "opening /proc/self/mountinfo".into())?;
-        let infos = MountInfos::from_read(f)
-            .map_err(|e| Error::Internal(format!("parsing /proc/self/mountinfo: {e}")))?;
-        Ok(Self::from_infos(infos.0))
+        // Plain reads into one buffer (read_to_end would first stat and seek
+        // the file for a size, which procfs does not have); the kernel hands
+        // out about a page per read.
+        let mut buf = vec![0u8; READ_CHUNK];
+        let mut len = 0;
+        loop {
+            if buf.len() - len < READ_CHUNK / 4 {
+                buf.resize(buf.len() * 2, 0);
+            }
+            match f.read(&mut buf[len..]) {
+                Ok(0) => break,
+                Ok(n) => len += n,
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                Err(e) => return Err(Error::io("reading /proc/self/mountinfo", e)),
+            }
+        }
+        Self::parse_bytes(&buf[..len])
+            .map_err(|e| Error::Internal(format!("parsing /proc/self/mountinfo: {e}")))
     }
 
     pub fn parse(text: &str) -> Result<Self> {
-        let infos = MountInfos::from_read(text.as_bytes())
-            .map_err(|e| Error::Internal(format!("parsing mountinfo: {e}")))?;
-        Ok(Self::from_infos(infos.0))
+        Self::parse_bytes(text.as_bytes())
+            .map_err(|e| Error::Internal(format!("parsing mountinfo: {e}")))
     }
 
-    fn from_infos(infos: Vec<MountInfo>) -> Self {
-        let entries = infos
-            .into_iter()
-            .map(|m| MountEntry {
-                read_only: m.mount_options.contains_key("ro"),
-                mount_point: unescape(m.mount_point.as_os_str().as_bytes()),
-                dev: m.majmin,
-                root: unescape(m.root.as_bytes()),
-                fs_type: m.fs_type,
-                source: m.mount_source,
-            })
-            .collect();
-        MountTable { entries }
+    /// Parses mountinfo (proc(5)):
+    /// `id parent major:minor root mount-point options [optional...] - fstype source super-options`.
+    /// Paths are octal-unescaped; anything malformed is an error naming the line.
+    fn parse_bytes(text: &[u8]) -> std::result::Result<Self, String> {
+        let mut entries = Vec::with_capacity(64);
+        for (n, line) in text.split(|&b| b == b'\n').enumerate() {
+            if line.is_empty() {
+                continue;
+            }
+            entries.push(parse_line(line).ok_or_else(|| {
+                format!(
+                    "line {}: malformed: {:?}",
+                    n + 1,
+                    String::from_utf8_lossy(&line[..line.len().min(200)])
+                )
+            })?);
+        }
+        Ok(MountTable { entries })
     }
 
     /// The mount visible at exactly `path` (the top one when mounts are stacked).
     pub fn at(&self, path: &Path) -> Option<&MountEntry> {
         self.entries.iter().rev().find(|e| e.mount_point == path)
+    }
+
+    /// The mounts stacked at exactly `path`, top (visible) first.
+    pub fn stack_at<'a>(&'a self, path: &'a Path) -> impl Iterator<Item = &'a MountEntry> + 'a {
+        self.entries
+            .iter()
+            .rev()
+            .filter(move |e| e.mount_point == path)
     }
 
     /// How many mounts are stacked at exactly `path`.
@@ -134,9 +166,63 @@ impl MountTable {
     }
 }
 
+/// Initial buffer for the table (grown as needed).
+const READ_CHUNK: usize = 16 * 1024;
+
+/// One mountinfo line, or None when a field is missing.
+fn parse_line(line: &[u8]) -> Option<MountEntry> {
+    let mut fields = line.split(|&b| b == b' ');
+    let _id = fields.next().filter(|f| is_number(f))?;
+    let _parent = fields.next().filter(|f| is_number(f))?;
+    let dev = fields.next().filter(|f| is_majmin(f))?;
+    let root = fields.next().filter(|f| !f.is_empty())?;
+    let mount_point = fields.next().filter(|f| !f.is_empty())?;
+    let options = fields.next()?;
+    // Optional fields (`shared:1 master:2 ...`) end at a lone `-`.
+    for f in fields.by_ref() {
+        if f == b"-" {
+            break;
+        }
+    }
+    let fs_type = fields.next()?;
+    let source = fields.next()?;
+    // Super options must be there too: a line cut short is not trusted.
+    let _super_options = fields.next()?;
+    Some(MountEntry {
+        mount_point: unescape(mount_point),
+        dev: ascii(dev),
+        root: unescape(root),
+        fs_type: String::from_utf8_lossy(fs_type).into_owned(),
+        source: match source {
+            b"" | b"none" => None,
+            s => Some(unescape(s).to_string_lossy().into_owned()),
+        },
+        read_only: options.split(|&b| b == b',').any(|o| o == b"ro"),
+    })
+}
+
+fn is_number(f: &[u8]) -> bool {
+    !f.is_empty() && f.iter().all(u8::is_ascii_digit)
+}
+
+fn is_majmin(f: &[u8]) -> bool {
+    match f.iter().position(|&b| b == b':') {
+        Some(i) => is_number(&f[..i]) && is_number(&f[i + 1..]),
+        None => false,
+    }
+}
+
+/// `major:minor` is checked to be digits, so this never loses anything.
+fn ascii(f: &[u8]) -> String {
+    String::from_utf8_lossy(f).into_owned()
+}
+
 /// Decodes mountinfo's octal escapes (`\040` for a space, `\011`, `\012`,
-/// `\134`), which the parser leaves in place.
+/// `\134`). A backslash not followed by three octal digits stays as it is.
 fn unescape(raw: &[u8]) -> PathBuf {
+    if !raw.contains(&b'\\') {
+        return PathBuf::from(OsString::from_vec(raw.to_vec()));
+    }
     let mut out = Vec::with_capacity(raw.len());
     let mut i = 0;
     while i < raw.len() {
@@ -156,7 +242,7 @@ fn unescape(raw: &[u8]) -> PathBuf {
         out.push(raw[i]);
         i += 1;
     }
-    PathBuf::from(std::ffi::OsString::from_vec(out))
+    PathBuf::from(OsString::from_vec(out))
 }
 
 /// Per-mount flags a request may ask for on a bind mount.
@@ -271,6 +357,11 @@ mod tests {
             }
         );
         assert_eq!(t.count_at(Path::new("/srv/pool")), 2);
+        let stack: Vec<_> = t
+            .stack_at(Path::new("/srv/pool"))
+            .map(|m| m.dev.as_str())
+            .collect();
+        assert_eq!(stack, ["0:51", "0:50"], "top first");
         assert_eq!(t.at(Path::new("/srv/pool")).unwrap().dev, "0:51");
         let on_root = t.locate(Path::new("/etc")).unwrap();
         assert_eq!(
@@ -292,6 +383,73 @@ mod tests {
         let m = t.mounts_of(&loc).next().unwrap();
         assert_eq!(m.mount_point, PathBuf::from("/mnt/with space"));
         assert_eq!(unescape(br"a\134b\011c\9"), PathBuf::from("a\\b\tc\\9"));
+    }
+
+    #[test]
+    fn optional_fields_and_the_separator() {
+        // Propagation fields between the options and ` - `, any number of them;
+        // per-mount `ro` is what counts, not the super options.
+        let t = MountTable::parse(
+            "\
+1 0 8:1 / / rw shared:1 - ext4 /dev/sda1 rw
+2 1 8:1 /a /x ro,nosuid shared:7 master:2 propagate_from:3 unbindable - ext4 /dev/sda1 rw,errors=remount-ro
+3 1 8:1 /b /y rw - xfs none ro
+4 1 0:40 / /z rw,relatime master:9 - fuse.sshfs  rw
+",
+        )
+        .unwrap();
+        let x = t.at(Path::new("/x")).unwrap();
+        assert_eq!(x.dev, "8:1");
+        assert_eq!(x.root, PathBuf::from("/a"));
+        assert_eq!(x.fs_type, "ext4");
+        assert_eq!(x.source.as_deref(), Some("/dev/sda1"));
+        assert!(x.read_only);
+        let y = t.at(Path::new("/y")).unwrap();
+        assert!(!y.read_only, "super option ro is not the mount's flag");
+        assert_eq!(y.fs_type, "xfs");
+        assert_eq!(y.source, None, "'none' is no source");
+        let z = t.at(Path::new("/z")).unwrap();
+        assert_eq!(z.fs_type, "fuse.sshfs");
+        assert_eq!(z.source, None, "an empty source is no source");
+        assert_eq!(t.count_at(Path::new("/")), 1);
+    }
+
+    #[test]
+    fn escapes_in_every_path_field() {
+        let t = MountTable::parse(
+            "7 1 0:50 /vol\\040a\\011b\\134c /mnt/a\\040b\\012c ro - tmpfs my\\040src rw\n",
+        )
+        .unwrap();
+        let m = t.at(Path::new("/mnt/a b\nc")).unwrap();
+        assert_eq!(m.root, PathBuf::from("/vol a\tb\\c"));
+        assert_eq!(m.source.as_deref(), Some("my src"));
+        assert!(m.read_only);
+        // Non-UTF-8 bytes survive as bytes.
+        let raw = b"8 1 0:50 / /mnt/\\377x rw - tmpfs t rw\n";
+        let t = MountTable::parse_bytes(raw).unwrap();
+        use std::os::unix::ffi::OsStrExt;
+        assert_eq!(
+            t.entries[0].mount_point.as_os_str().as_bytes(),
+            b"/mnt/\xffx"
+        );
+    }
+
+    #[test]
+    fn malformed_lines_are_errors() {
+        for bad in [
+            "22 27 0:21 / /proc rw,relatime proc proc rw\n", // no separator
+            "22 27 0:21 / /proc rw,relatime -\n",            // nothing after it
+            "22 27 0:21 / /proc rw - proc proc\n",           // no super options
+            "22 27 021 / /proc rw - proc proc rw\n",         // bad major:minor
+            "x 27 0:21 / /proc rw - proc proc rw\n",         // bad id
+            "22 27 0:21 /\n",
+        ] {
+            let r = MountTable::parse(bad);
+            assert!(matches!(r, Err(Error::Internal(_))), "{bad:?}: {r:?}");
+        }
+        // Blank lines and a missing final newline are fine.
+        let t = MountTable::parse("\n22 27 0:21 / /proc rw - proc proc rw").unwrap();
+        assert_eq!(t.entries.len(), 1);
     }
 
     #[test]

@@ -14,6 +14,11 @@
 //! Every mount is recognised by its [`Location`] (device and in-filesystem
 //! path), so a step is OK when already done with the same volume and refused
 //! when something else is there.
+//!
+//! Each step reads the mount table once, at its start, and takes all of its
+//! decisions from that one live reading: where the volume is, what is at the
+//! staging path, what is at the target, and which stacked mounts an unmount
+//! removes. Nothing is kept from one call to the next.
 
 use std::fs;
 use std::io::ErrorKind;
@@ -30,7 +35,7 @@ use crate::pool::{AccessType, Source};
 const MAX_STACKED: usize = 16;
 
 /// Where a directory volume lives in the mount table.
-pub fn locate_dir(src: &Path) -> Result<Location> {
+pub fn locate_dir(table: &MountTable, src: &Path) -> Result<Location> {
     let md = fs::symlink_metadata(src).map_err(|e| match e.kind() {
         ErrorKind::NotFound => Error::NotFound(format!("volume directory {src:?} is missing")),
         _ => Error::io(format!("inspecting {src:?}"), e),
@@ -40,7 +45,7 @@ pub fn locate_dir(src: &Path) -> Result<Location> {
             "volume path {src:?} is not a directory"
         )));
     }
-    MountTable::read()?
+    table
         .locate(src)
         .ok_or_else(|| Error::Internal(format!("no mount holds {src:?}")))
 }
@@ -64,9 +69,15 @@ fn block_device(dev: &Path) -> Result<(PathBuf, fs::Metadata)> {
 /// What a mount of this volume looks like in the mount table: for a directory,
 /// the directory's location; for a device's filesystem, the device's
 /// `major:minor` and `/`; for a raw block volume, the device node's location.
+/// Reads the mount table; [`locate_volume`] takes one already read.
 pub fn volume_location(src: &Source, access: AccessType) -> Result<Location> {
+    locate_volume(&MountTable::read()?, src, access)
+}
+
+/// [`volume_location`] in a mount table the caller has read.
+pub fn locate_volume(table: &MountTable, src: &Source, access: AccessType) -> Result<Location> {
     match (src, access) {
-        (Source::Directory(p), _) => locate_dir(p),
+        (Source::Directory(p), _) => locate_dir(table, p),
         (Source::Device(dev), AccessType::Mount) => {
             let (_, md) = block_device(dev)?;
             let rdev = md.rdev();
@@ -77,7 +88,7 @@ pub fn volume_location(src: &Source, access: AccessType) -> Result<Location> {
         }
         (Source::Device(dev), AccessType::Block) => {
             let (real, _) = block_device(dev)?;
-            MountTable::read()?
+            table
                 .locate(&real)
                 .ok_or_else(|| Error::Internal(format!("no mount holds {real:?}")))
         }
@@ -87,7 +98,12 @@ pub fn volume_location(src: &Source, access: AccessType) -> Result<Location> {
 /// Whether `staging` already holds the device's filesystem. Something else
 /// there is ALREADY_EXISTS.
 pub fn is_staged(staging: &Path, want: &Location) -> Result<bool> {
-    match MountTable::read()?.at(staging) {
+    staged_in(&MountTable::read()?, staging, want)
+}
+
+/// [`is_staged`] in a mount table the caller has read.
+fn staged_in(table: &MountTable, staging: &Path, want: &Location) -> Result<bool> {
+    match table.at(staging) {
         None => Ok(false),
         Some(m) if m.location() == *want => Ok(true),
         Some(m) => Err(Error::AlreadyExists(format!(
@@ -106,9 +122,14 @@ pub fn stage_device(
     flags: MountFlags,
     data: &str,
 ) -> Result<()> {
-    let want = volume_location(&Source::Device(dev.to_path_buf()), AccessType::Mount)?;
+    let table = MountTable::read()?;
+    let want = locate_volume(
+        &table,
+        &Source::Device(dev.to_path_buf()),
+        AccessType::Mount,
+    )?;
     ensure_mount_dir(staging)?;
-    if is_staged(staging, &want)? {
+    if staged_in(&table, staging, &want)? {
         return Ok(());
     }
     mount::mount_device(dev, staging, fs_type, flags, data)
@@ -127,6 +148,16 @@ pub fn publish_block(dev: &Path, target: &Path, read_only: bool) -> Result<()> {
     let want = table
         .locate(&real)
         .ok_or_else(|| Error::Internal(format!("no mount holds {real:?}")))?;
+    // Already bound: the target now shows the device node, not a file.
+    if let Some(m) = table.at(target) {
+        if m.location() == want && m.read_only == read_only {
+            return Ok(());
+        }
+        return Err(Error::AlreadyExists(format!(
+            "target path {target:?} already has another mount ({}:{:?}, read-only {})",
+            m.dev, m.root, m.read_only
+        )));
+    }
     match fs::symlink_metadata(target) {
         Ok(md) if md.is_file() => {}
         Ok(_) => {
@@ -147,15 +178,6 @@ pub fn publish_block(dev: &Path, target: &Path, read_only: bool) -> Result<()> {
                 })?;
         }
         Err(e) => return Err(Error::io(format!("inspecting {target:?}"), e)),
-    }
-    if let Some(m) = table.at(target) {
-        if m.location() == want && m.read_only == read_only {
-            return Ok(());
-        }
-        return Err(Error::AlreadyExists(format!(
-            "target path {target:?} already has another mount ({}:{:?}, read-only {})",
-            m.dev, m.root, m.read_only
-        )));
     }
     let flags = if read_only {
         MountFlags::RDONLY
@@ -193,9 +215,10 @@ fn ensure_mount_dir(path: &Path) -> Result<()> {
 /// Binds a directory volume onto `staging`. Already staged from the same
 /// directory: OK. Something else mounted there: ALREADY_EXISTS.
 pub fn stage_dir(src: &Path, staging: &Path) -> Result<()> {
-    let want = locate_dir(src)?;
+    let table = MountTable::read()?;
+    let want = locate_dir(&table, src)?;
     ensure_mount_dir(staging)?;
-    if let Some(m) = MountTable::read()?.at(staging) {
+    if let Some(m) = table.at(staging) {
         if m.location() == want {
             return Ok(());
         }
@@ -207,16 +230,26 @@ pub fn stage_dir(src: &Path, staging: &Path) -> Result<()> {
     mount::bind(src, staging, MountFlags::empty())
 }
 
-/// Unmounts whatever this volume mounted at `path` (all stacked copies). A mount
-/// of something else is left alone and reported.
-fn unmount_all(path: &Path, expected: Option<&Location>) -> Result<()> {
-    for _ in 0..MAX_STACKED {
-        let table = MountTable::read()?;
-        let Some(m) = table.at(path) else {
-            return Ok(());
-        };
+/// The location mounts of `volume` have, in `table`. None (no expectation: any
+/// mount at the path is removed) when there is no volume or it cannot be
+/// located, e.g. because its directory is gone.
+fn expected_location(
+    table: &MountTable,
+    volume: Option<(&Source, AccessType)>,
+) -> Option<Location> {
+    let (src, access) = volume?;
+    locate_volume(table, src, access).ok()
+}
+
+/// Unmounts whatever this volume mounted at `path` (all stacked copies, top
+/// first). A mount of something else is left alone and reported. `table` is
+/// this call's reading: it lists every mount stacked at `path`, so each layer
+/// is checked against it before it is unmounted and nothing needs reading
+/// again after the unmounts.
+fn unmount_all(table: &MountTable, path: &Path, expected: Option<&Location>) -> Result<()> {
+    for m in table.stack_at(path).take(MAX_STACKED) {
         if let Some(exp) = expected {
-            if m.location() != *exp {
+            if m.location() != *exp && !is_deleted_copy(&m.location(), exp) {
                 return Err(Error::FailedPrecondition(format!(
                     "{path:?} has a mount that is not this volume ({}:{:?}); not unmounting it",
                     m.dev, m.root
@@ -225,17 +258,35 @@ fn unmount_all(path: &Path, expected: Option<&Location>) -> Result<()> {
         }
         mount::unmount(path)?;
     }
-    Err(Error::Internal(format!(
-        "{path:?} still mounted after {MAX_STACKED} unmounts"
-    )))
+    if table.count_at(path) > MAX_STACKED {
+        return Err(Error::Internal(format!(
+            "{path:?} still mounted after {MAX_STACKED} unmounts"
+        )));
+    }
+    Ok(())
+}
+
+/// Whether a mount is of `exp` as it was before being deleted and recreated:
+/// a raw block volume's bind of its device node after the LV was deactivated
+/// and activated again shows the node's path with `//deleted` appended. It
+/// is still this volume's publication, and unpublish must be able to remove it.
+fn is_deleted_copy(found: &Location, exp: &Location) -> bool {
+    use std::os::unix::ffi::OsStrExt;
+    found.dev == exp.dev
+        && found.root.as_os_str().as_bytes()
+            == [exp.root.as_os_str().as_bytes(), b"//deleted"].concat()
 }
 
 /// Unmounts the staging path. The directory itself belongs to the CO and stays.
-pub fn unstage(staging: &Path, expected: Option<&Location>) -> Result<()> {
-    unmount_all(staging, expected)
+/// Only mounts of `volume` are removed (any mount when it is None or cannot be
+/// located).
+pub fn unstage(staging: &Path, volume: Option<(&Source, AccessType)>) -> Result<()> {
+    let table = MountTable::read()?;
+    let expected = expected_location(&table, volume);
+    unmount_all(&table, staging, expected.as_ref())
 }
 
-/// Binds the staged volume (at `volume` in the mount table) onto `target`,
+/// Binds the staged volume (`src`, located in the mount table) onto `target`,
 /// read-only if asked, with extra per-mount flags. Not staged there (nothing, or
 /// another volume, at `staging`): FAILED_PRECONDITION. Already published the same
 /// way: OK; published with another source or another read-only setting:
@@ -243,11 +294,14 @@ pub fn unstage(staging: &Path, expected: Option<&Location>) -> Result<()> {
 pub fn publish(
     staging: &Path,
     target: &Path,
-    volume: &Location,
+    src: &Source,
+    access: AccessType,
     read_only: bool,
     flags: MountFlags,
 ) -> Result<()> {
     let table = MountTable::read()?;
+    // The staging path must hold this volume, not whatever is there.
+    let volume = &locate_volume(&table, src, access)?;
     let staged = table
         .at(staging)
         .ok_or_else(|| {
@@ -287,14 +341,21 @@ pub fn publish(
 }
 
 /// Unmounts `target` and removes it without recursion; a target that is already
-/// gone is fine.
-pub fn unpublish(target: &Path, expected: Option<&Location>) -> Result<()> {
-    unmount_all(target, expected)?;
-    match fs::symlink_metadata(target) {
+/// gone is fine. Only mounts of `volume` are removed (any mount when it is None
+/// or cannot be located).
+pub fn unpublish(target: &Path, volume: Option<(&Source, AccessType)>) -> Result<()> {
+    let table = MountTable::read()?;
+    let expected = expected_location(&table, volume);
+    unmount_all(&table, target, expected.as_ref())?;
+    // A directory (mount volumes) or a file (raw block volumes): rmdir first,
+    // which never removes anything but an empty directory.
+    match fs::remove_dir(target) {
+        Ok(()) => Ok(()),
         Err(e) if e.kind() == ErrorKind::NotFound => Ok(()),
-        Err(e) => Err(Error::io(format!("inspecting {target:?}"), e)),
-        Ok(md) if md.is_dir() => fs::remove_dir(target).ctx(|| format!("removing {target:?}")),
-        Ok(_) => fs::remove_file(target).ctx(|| format!("removing {target:?}")),
+        Err(e) if e.raw_os_error() == Some(libc::ENOTDIR) => {
+            fs::remove_file(target).ctx(|| format!("removing {target:?}"))
+        }
+        Err(e) => Err(Error::io(format!("removing {target:?}"), e)),
     }
 }
 

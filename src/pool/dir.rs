@@ -12,9 +12,23 @@
 //! Creation writes the directory first and the record last, so the record is the
 //! commit point: a directory without a record is an interrupted create, which a
 //! retried create completes and a delete removes.
+//!
+//! Delete removes the data first and the record last. The record is not
+//! unlinked but renamed into `<path>/deleted/` (and the rename made durable):
+//! unlinking a synced file frees its block, which on a filesystem mounted
+//! `discard` is a synchronous discard that costs milliseconds and stalls other
+//! fsyncs. A later create rewrites such a retired file in place as its temp
+//! file ([`fsutil::write_atomic_reusing`]), so steady create/delete churn
+//! allocates and frees no blocks at all. `deleted/` is never read for records:
+//! a file there is not a volume. Start-up removes the retired records a
+//! previous run left in it, and retired files beyond [`MAX_SPARES`] are
+//! unlinked in the background. A crash between the data removal and the
+//! durable rename leaves a record without data, which a retried delete
+//! finishes, as before.
 
 use std::collections::{HashMap, HashSet};
 use std::fs;
+use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::{SystemTime, UNIX_EPOCH};
@@ -40,6 +54,10 @@ const PROJECT_MIN: u32 = 1_000_000;
 const PROJECT_SPAN: u32 = 1 << 30;
 /// How many ids a create tries before it gives up.
 const PROJECT_TRIES: usize = 64;
+/// Where retired records go, beside `volumes/`.
+const SPARE_DIR: &str = "deleted";
+/// Retired records kept for reuse; more are unlinked.
+const MAX_SPARES: usize = 64;
 
 pub struct DirPool {
     name: PoolName,
@@ -53,6 +71,9 @@ pub struct DirPool {
     /// Why sizes are not enforced (quota: auto on a filesystem without quotas).
     unenforced_reason: Option<String>,
     state: Arc<Mutex<State>>,
+    /// `<path>/deleted`, when it is on the same filesystem as `volumes/`;
+    /// without it records are unlinked.
+    spare_dir: Option<PathBuf>,
 }
 
 #[derive(Default)]
@@ -63,6 +84,8 @@ struct State {
     reserved: HashMap<VolumeKey, (u64, Option<u32>)>,
     /// Ids found carrying usage that no record explains: never picked.
     foreign_projects: HashSet<u32>,
+    /// Retired record files in the spare directory, free for reuse.
+    spares: Vec<PathBuf>,
 }
 
 impl State {
@@ -116,13 +139,14 @@ impl DirPool {
             quota,
         } = cfg;
         let pool_name = name.clone();
-        let (root, volumes, quotas, unenforced_reason) = blocking(move || {
+        let (root, volumes, quotas, unenforced_reason, spare_dir) = blocking(move || {
             fs::create_dir_all(&path).ctx(|| format!("pool {pool_name}: creating {path:?}"))?;
             let root =
                 fs::canonicalize(&path).ctx(|| format!("pool {pool_name}: resolving {path:?}"))?;
             let volumes_dir = root.join("volumes");
             fsutil::ensure_dir(&volumes_dir, 0o700)?;
             let volumes = load_records(&pool_name, &volumes_dir)?;
+            let spare_dir = open_spare_dir(&pool_name, &root.join(SPARE_DIR), &volumes_dir)?;
             let (quotas, reason) = match quota {
                 QuotaMode::Off => (None, Some("quota: off".to_owned())),
                 QuotaMode::Auto | QuotaMode::Required => match Quotas::open(&volumes_dir) {
@@ -138,7 +162,7 @@ impl DirPool {
             if let Some(q) = &quotas {
                 apply_recorded_limits(&pool_name, q, &volumes)?;
             }
-            Ok((root, volumes, quotas, reason))
+            Ok((root, volumes, quotas, reason, spare_dir))
         })
         .await?;
         match &unenforced_reason {
@@ -160,6 +184,7 @@ impl DirPool {
                 volumes,
                 ..State::default()
             })),
+            spare_dir,
         })
     }
 
@@ -331,6 +356,44 @@ fn now_unix() -> u64 {
         .unwrap_or(0)
 }
 
+/// Creates the directory retired records go to and removes the retired records
+/// a previous run left there (nothing in it is live). Anything else in it is
+/// left alone. None when it is not on the filesystem of `volumes`, where a
+/// rename cannot reach it.
+fn open_spare_dir(pool: &PoolName, dir: &Path, volumes: &Path) -> Result<Option<PathBuf>> {
+    fsutil::ensure_dir(dir, 0o700)?;
+    for entry in fs::read_dir(dir).ctx(|| format!("reading {dir:?}"))? {
+        let entry = entry.ctx(|| format!("reading {dir:?}"))?;
+        let is_file = entry.file_type().is_ok_and(|t| t.is_file());
+        match entry.file_name().to_str() {
+            Some(name) if is_file && is_retired_record(name) => {
+                fs::remove_file(entry.path()).ctx(|| format!("removing {:?}", entry.path()))?;
+            }
+            name => {
+                tracing::warn!(pool = %pool, dir = ?dir, entry = ?name, "unexpected entry in the directory of deleted records; left alone")
+            }
+        }
+    }
+    let dev = |p: &Path| {
+        fs::metadata(p)
+            .map(|m| m.dev())
+            .ctx(|| format!("stat {p:?}"))
+    };
+    Ok((dev(dir)? == dev(volumes)?).then(|| dir.to_path_buf()))
+}
+
+/// `<key>.json.<pid>.<n>`: a record renamed by [`fsutil::retire_file`].
+fn is_retired_record(name: &str) -> bool {
+    let Some((key, rest)) = name.split_once(".json.") else {
+        return false;
+    };
+    let digits = |s: &str| !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit());
+    VolumeKey::parse(key).is_some()
+        && rest
+            .split_once('.')
+            .is_some_and(|(pid, n)| digits(pid) && digits(n))
+}
+
 /// Reads every record; removes temp files left by interrupted writes.
 fn load_records(pool: &PoolName, dir: &Path) -> Result<HashMap<VolumeKey, Volume>> {
     let mut out = HashMap::new();
@@ -411,18 +474,49 @@ impl Pool for DirPool {
         let size = self.size_for(req.range)?;
         let what = format!("volume {}", req.name.as_str());
         let data = self.data_dir(&key);
-        let mut project = None;
+        let record = self.record_path(&key);
+        let volume = |project_id: Option<u32>| Volume {
+            version: RECORD_VERSION,
+            id: req.id.to_string(),
+            name: req.name.as_str().to_owned(),
+            pool: self.name.to_string(),
+            size_bytes: size,
+            access_type: req.access_type,
+            created_unix: now_unix(),
+            parameters: req.parameters.clone(),
+            project_id,
+            inode_limit: req.inode_limit,
+            grow_filesystem: false,
+        };
         for _ in 0..PROJECT_TRIES {
             let space = self.space().await?;
             let candidate = self.reserve_space(&key, size, &space, &what)?;
-            let (d, q) = (data.clone(), self.quotas.clone());
+            let vol = volume(candidate);
+            let (d, q, state) = (data.clone(), self.quotas.clone(), self.state.clone());
+            let (record, rec) = (record.clone(), vol.clone());
             let inodes = req.inode_limit.unwrap_or(0);
-            let prepared =
-                blocking(move || prepare_dir(&d, q.as_deref(), candidate, size, inodes)).await;
+            // The directory (and its quota) first, the record last: one trip
+            // to the blocking pool for both.
+            let prepared = blocking(move || {
+                let prepared = prepare_dir(&d, q.as_deref(), candidate, size, inodes)?;
+                if let Prepared::Done = prepared {
+                    let json = serde_json::to_vec_pretty(&rec)
+                        .map_err(|e| Error::Internal(e.to_string()))?;
+                    let spare = state.lock().expect("pool state lock poisoned").spares.pop();
+                    match spare {
+                        Some(spare) => fsutil::write_atomic_reusing(&record, &json, &spare)?,
+                        None => fsutil::write_atomic(&record, &json)?,
+                    }
+                }
+                Ok(prepared)
+            })
+            .await;
             match prepared {
                 Ok(Prepared::Done) => {
-                    project = Some(candidate);
-                    break;
+                    let mut st = self.state();
+                    st.reserved.remove(&key);
+                    st.volumes.insert(key, vol.clone());
+                    return Ok(vol);
                 }
                 Ok(Prepared::ProjectBusy(p)) => {
                     tracing::warn!(pool = %self.name, project = p, "project id already in use on the filesystem; skipping it");
@@ -436,38 +530,10 @@ impl Pool for DirPool {
                 }
             }
         }
-        let Some(project_id) = project else {
-            self.state().reserved.remove(&key);
-            return Err(Error::ResourceExhausted(format!(
-                "{what}: no free project quota id found"
-            )));
-        };
-
-        let vol = Volume {
-            version: RECORD_VERSION,
-            id: req.id.to_string(),
-            name: req.name.as_str().to_owned(),
-            pool: self.name.to_string(),
-            size_bytes: size,
-            access_type: req.access_type,
-            created_unix: now_unix(),
-            parameters: req.parameters.clone(),
-            project_id,
-            inode_limit: req.inode_limit,
-            grow_filesystem: false,
-        };
-        let (record, rec) = (self.record_path(&key), vol.clone());
-        let res = blocking(move || {
-            let json =
-                serde_json::to_vec_pretty(&rec).map_err(|e| Error::Internal(e.to_string()))?;
-            fsutil::write_atomic(&record, &json)
-        })
-        .await;
-        let mut st = self.state();
-        st.reserved.remove(&key);
-        res?;
-        st.volumes.insert(key, vol.clone());
-        Ok(vol)
+        self.state().reserved.remove(&key);
+        Err(Error::ResourceExhausted(format!(
+            "{what}: no free project quota id found"
+        )))
     }
 
     async fn delete(&self, id: &VolumeId) -> Result<()> {
@@ -476,7 +542,8 @@ impl Pool for DirPool {
         let what = id.to_string();
         let project = self.state().volumes.get(&key).and_then(|v| v.project_id);
         let quotas = self.quotas.clone();
-        blocking(move || {
+        let spare_dir = self.spare_dir.clone();
+        let retired = blocking(move || {
             let table = MountTable::read()?;
             if let Some(loc) = table.locate(&data) {
                 if let Some(m) = table.mounts_of(&loc).next() {
@@ -497,10 +564,30 @@ impl Pool for DirPool {
             if let (Some(q), Some(p)) = (&quotas, project) {
                 q.set_limits(p, 0, 0)?;
             }
-            fsutil::remove_file_durable(&record)
+            // The record goes last, durably: retired (renamed away), or removed.
+            match spare_dir {
+                Some(to) => fsutil::retire_file(&record, &to),
+                None => fsutil::remove_file_durable(&record).map(|()| None),
+            }
         })
         .await?;
-        self.state().volumes.remove(&key);
+        let excess = {
+            let mut st = self.state();
+            st.volumes.remove(&key);
+            match retired {
+                Some(file) if st.spares.len() < MAX_SPARES => {
+                    st.spares.push(file);
+                    None
+                }
+                other => other,
+            }
+        };
+        if let Some(file) = excess {
+            // Off the RPC's path; a leftover is removed at the next start.
+            tokio::task::spawn_blocking(move || {
+                let _ = fs::remove_file(file);
+            });
+        }
         Ok(())
     }
 
@@ -657,6 +744,7 @@ mod tests {
     use super::*;
     use crate::ids::VolumeName;
     use crate::size::ByteSize;
+    use std::os::unix::fs::PermissionsExt;
 
     fn cfg(path: &Path, quota: QuotaMode) -> DirPoolConfig {
         DirPoolConfig {
@@ -791,6 +879,99 @@ mod tests {
         assert!(!dir.exists());
         assert_eq!(fs::read_dir(d.path().join("volumes")).unwrap().count(), 0);
         assert_eq!(pool.get(&r.id).await.unwrap(), None);
+    }
+
+    fn names(dir: &Path) -> Vec<String> {
+        let mut v: Vec<String> = fs::read_dir(dir)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().into_string().unwrap())
+            .collect();
+        v.sort();
+        v
+    }
+
+    #[tokio::test]
+    async fn deleted_records_are_retired_reused_and_never_loaded() {
+        let d = tempfile::tempdir().unwrap();
+        let deleted = d.path().join(SPARE_DIR);
+        let pool = DirPool::open(cfg(d.path(), QuotaMode::Off)).await.unwrap();
+        let mut long = req("a-long-one", 1 << 20);
+        long.parameters
+            .insert("csi.storage.k8s.io/pvc/name".into(), "x".repeat(500));
+        pool.create(&long).await.unwrap();
+        pool.delete(&long.id).await.unwrap();
+        // The record left the volumes directory; it sits retired, not loaded.
+        assert!(names(&d.path().join("volumes")).is_empty());
+        let retired = names(&deleted);
+        assert_eq!(retired.len(), 1, "{retired:?}");
+        assert!(is_retired_record(&retired[0]), "{retired:?}");
+        assert_eq!(pool.get(&long.id).await.unwrap(), None);
+
+        // The next create rewrites the retired file (shorter content: no tail
+        // of the old record survives) and the record reads back exactly.
+        let b = req("b", 1 << 20);
+        let vb = pool.create(&b).await.unwrap();
+        assert!(names(&deleted).is_empty());
+        let text = fs::read(pool.record_path(&b.id.key)).unwrap();
+        assert_eq!(serde_json::from_slice::<Volume>(&text).unwrap(), vb);
+        assert_eq!(
+            fs::metadata(pool.record_path(&b.id.key))
+                .unwrap()
+                .permissions()
+                .mode()
+                & 0o777,
+            0o600
+        );
+
+        // Deleted records found at start are removed and never become volumes;
+        // files the driver did not write are left alone.
+        pool.delete(&b.id).await.unwrap();
+        assert_eq!(names(&deleted).len(), 1);
+        fs::write(deleted.join("notes.txt"), b"mine").unwrap();
+        drop(pool);
+        let again = DirPool::open(cfg(d.path(), QuotaMode::Off)).await.unwrap();
+        assert!(again.list().await.unwrap().is_empty());
+        assert_eq!(names(&deleted), ["notes.txt"]);
+        assert!(names(&d.path().join("volumes")).is_empty());
+    }
+
+    #[tokio::test]
+    async fn retired_records_beyond_the_cap_are_unlinked() {
+        let d = tempfile::tempdir().unwrap();
+        let pool = DirPool::open(cfg(d.path(), QuotaMode::Off)).await.unwrap();
+        let n = MAX_SPARES + 3;
+        let reqs: Vec<_> = (0..n).map(|i| req(&format!("v{i}"), 4096)).collect();
+        for r in &reqs {
+            pool.create(r).await.unwrap();
+        }
+        for r in &reqs {
+            pool.delete(&r.id).await.unwrap();
+        }
+        let deleted = d.path().join(SPARE_DIR);
+        for _ in 0..200 {
+            if names(&deleted).len() == MAX_SPARES {
+                break;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+        }
+        assert_eq!(names(&deleted).len(), MAX_SPARES);
+        assert_eq!(pool.state().spares.len(), MAX_SPARES);
+    }
+
+    #[test]
+    fn retired_record_names() {
+        let key = "0123456789abcdef0123456789abcdef";
+        assert!(is_retired_record(&format!("{key}.json.12.0")));
+        for bad in [
+            format!("{key}.json"),
+            format!("{key}.json.12"),
+            format!("{key}.json.12.x"),
+            format!("{key}.json.tmp.1.2"),
+            "short.json.1.2".to_owned(),
+            format!(".{key}.json.tmp.1.2"),
+        ] {
+            assert!(!is_retired_record(&bad), "{bad}");
+        }
     }
 
     #[tokio::test]

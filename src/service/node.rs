@@ -209,8 +209,8 @@ impl csi::node_server::Node for NodeService {
                 .driver
                 .locks
                 .try_lock(id.key.as_str(), &format!("volume {id}"))?;
-            let expected = locate(&pool, &vol).await.ok().map(|(_, loc)| loc);
-            blocking(move || nodeops::unstage(&staging, expected.as_ref())).await?;
+            let (src, access) = (pool.source(&vol).ok(), vol.access_type);
+            blocking(move || nodeops::unstage(&staging, src.as_ref().map(|s| (s, access)))).await?;
             Ok(csi::NodeUnstageVolumeResponse {})
         })
         .await
@@ -252,9 +252,7 @@ impl csi::node_server::Node for NodeService {
                 .try_lock(id.key.as_str(), &format!("volume {id}"))?;
             let access = vol.access_type;
             blocking(move || {
-                // The staging path must hold this volume, not whatever is there.
-                let want = nodeops::volume_location(&src, access)?;
-                nodeops::publish(&staging, &target, &want, read_only, opts.flags)
+                nodeops::publish(&staging, &target, &src, access, read_only, opts.flags)
             })
             .await?;
             Ok(csi::NodePublishVolumeResponse {})
@@ -291,8 +289,9 @@ impl csi::node_server::Node for NodeService {
                 .driver
                 .locks
                 .try_lock(id.key.as_str(), &format!("volume {id}"))?;
-            let expected = locate(&pool, &vol).await.ok().map(|(_, loc)| loc);
-            blocking(move || nodeops::unpublish(&target, expected.as_ref())).await?;
+            let (src, access) = (pool.source(&vol).ok(), vol.access_type);
+            blocking(move || nodeops::unpublish(&target, src.as_ref().map(|s| (s, access))))
+                .await?;
             Ok(csi::NodeUnpublishVolumeResponse {})
         })
         .await
