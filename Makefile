@@ -9,7 +9,7 @@ NODE       ?= $(shell hostname)
 BIN        := target/release/localvol
 IMAGE      ?= localvol:dev
 
-.PHONY: run build test fmt-check clippy unit sanity test-vm bench image clean
+.PHONY: run build test fmt-check clippy unit sanity validate-deploy test-vm bench image clean
 
 build:
 	$(CARGO) build --release --bin localvol
@@ -34,7 +34,7 @@ run: build
 	exec $(BIN) serve --endpoint unix://$(SOCKET) --data-dir $(DATA) \
 		--kubelet-dir $(DATA)/kubelet --node-id $(NODE)
 
-test: fmt-check clippy unit sanity test-vm
+test: fmt-check clippy unit sanity validate-deploy test-vm
 
 fmt-check:
 	$(CARGO) fmt --all -- --check
@@ -59,6 +59,10 @@ sanity:
 VM_TESTS        ?= $(sort $(basename $(notdir $(wildcard sanity-tests/tests/vm_*.rs))))
 # Whole VM run, all binaries (a safety net: vm/run kills the guest and exits 124).
 VM_TEST_TIMEOUT ?= 1800
+
+# Manifests and the Helm chart, rendered and checked offline (see deploy/README.md).
+validate-deploy:
+	deploy/validate
 
 test-vm:
 	vm/setup

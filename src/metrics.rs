@@ -57,6 +57,15 @@ pub struct Metrics {
     pool_ready: Family<PoolLabels, Gauge>,
     volume_used: Family<VolumeLabels, Gauge>,
     volume_limit: Family<VolumeLabels, Gauge>,
+    discovered: Counter,
+    cleanups: Family<ResultLabels, Counter>,
+    cleanup_seconds: Histogram,
+    orphans: Gauge,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ResultLabels {
+    result: &'static str,
 }
 
 impl Metrics {
@@ -115,7 +124,35 @@ impl Metrics {
             "Enforced size of a quota-enforced volume",
             volume_limit.clone(),
         );
+        let discovered = Counter::default();
+        registry.register(
+            "discovered_volumes",
+            "PersistentVolumes created by static discovery",
+            discovered.clone(),
+        );
+        let cleanups = Family::<ResultLabels, Counter>::default();
+        registry.register(
+            "cleanups",
+            "Cleanups of released static volumes, by result",
+            cleanups.clone(),
+        );
+        let cleanup_seconds = Histogram::new(exponential_buckets(0.01, 4.0, 12));
+        registry.register(
+            "cleanup_duration_seconds",
+            "Time to clean a released static volume",
+            cleanup_seconds.clone(),
+        );
+        let orphans = Gauge::default();
+        registry.register(
+            "orphan_volumes",
+            "Volumes of this node that no PersistentVolume refers to",
+            orphans.clone(),
+        );
         Metrics {
+            discovered,
+            cleanups,
+            cleanup_seconds,
+            orphans,
             registry,
             rpc_total,
             rpc_seconds,
@@ -144,6 +181,27 @@ pub fn record_rpc(method: &'static str, code: tonic::Code, seconds: f64) {
     m.rpc_seconds
         .get_or_create(&MethodLabels { method })
         .observe(seconds);
+}
+
+/// A PV created by static discovery.
+pub fn record_discovered() {
+    metrics().discovered.inc();
+}
+
+/// One cleanup of a released static volume.
+pub fn record_cleanup(ok: bool, seconds: f64) {
+    let m = metrics();
+    m.cleanups
+        .get_or_create(&ResultLabels {
+            result: if ok { "success" } else { "failure" },
+        })
+        .inc();
+    m.cleanup_seconds.observe(seconds);
+}
+
+/// Orphans found by the last pass.
+pub fn set_orphans(n: usize) {
+    metrics().orphans.set(gauge_value(n as u64));
 }
 
 fn gauge_value(v: u64) -> i64 {
@@ -317,6 +375,8 @@ mod tests {
             r#"localvol_rpc_requests_total{method="TestOnlyMethod",code="AlreadyExists"} 1"#,
             r#"localvol_rpc_duration_seconds_count{method="TestOnlyMethod"} 2"#,
             "# TYPE localvol_pool_free_bytes gauge",
+            "# TYPE localvol_cleanup_duration_seconds histogram",
+            "# TYPE localvol_orphan_volumes gauge",
             r#"localvol_pool_free_bytes{pool="test-only",backend="dir"} 4096"#,
         ] {
             assert!(out.contains(want), "{want} missing from:\n{out}");

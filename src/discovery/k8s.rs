@@ -173,6 +173,7 @@ impl Discoverer {
         match self.api.create(&PostParams::default(), &want).await {
             Ok(created) => {
                 tracing::info!(pv = %name, path = ?d.path, handle = %d.handle, "discovery: PV created");
+                crate::metrics::record_discovered();
                 self.event(
                     &created,
                     EventType::Normal,
@@ -243,12 +244,14 @@ impl Discoverer {
             format!("cleaning {} on node {}", entry.path.display(), self.node),
         )
         .await;
-        if let Err(e) = self
+        let started = std::time::Instant::now();
+        let cleaned = self
             .statics
             .cleaner()
             .cleanup(self.statics.config(), &entry)
-            .await
-        {
+            .await;
+        crate::metrics::record_cleanup(cleaned.is_ok(), started.elapsed().as_secs_f64());
+        if let Err(e) = cleaned {
             tracing::warn!(pv = %name, error = %e, "cleanup failed");
             self.event(&fresh, EventType::Warning, "CleanupFailed", e.to_string())
                 .await;

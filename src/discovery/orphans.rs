@@ -122,6 +122,7 @@ impl Orphans {
             Duration::from_secs(self.cfg.grace_seconds),
         );
         let mut report = OrphanReport::default();
+        crate::metrics::set_orphans(orphans.len());
         for id in orphans {
             tracing::warn!(volume = %id, mode = ?self.cfg.mode, "orphan: no PersistentVolume refers to this volume");
             report.orphans.push(id.clone());
