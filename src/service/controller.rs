@@ -55,6 +55,42 @@ impl ControllerService {
     }
 }
 
+/// `max_entries` of a list request: negative is INVALID_ARGUMENT, 0 no limit.
+fn decode_max_entries(v: i32) -> Result<usize> {
+    match v {
+        0 => Ok(usize::MAX),
+        n if n > 0 => Ok(n as usize),
+        n => Err(Error::InvalidArgument(format!(
+            "max_entries must not be negative (got {n})"
+        ))),
+    }
+}
+
+/// One page of a list sorted by id: `(start, end, next_token)`. The token is
+/// the id of the first entry of the next page; an unknown token is ABORTED
+/// (the spec's code).
+fn page<T>(
+    sorted: &[T],
+    id: impl Fn(&T) -> &String,
+    token: &str,
+    max: usize,
+    what: &str,
+) -> Result<(usize, usize, String)> {
+    let start = if token.is_empty() {
+        0
+    } else {
+        sorted.iter().position(|e| id(e) == token).ok_or_else(|| {
+            Error::Aborted(format!(
+                "starting_token {:?} is not valid (no such {what})",
+                truncate(token)
+            ))
+        })?
+    };
+    let end = start.saturating_add(max).min(sorted.len());
+    let next = sorted.get(end).map(|e| id(e).clone()).unwrap_or_default();
+    Ok((start, end, next))
+}
+
 /// StorageClass-like parameter of a VolumeSnapshotClass: space reserved for a
 /// thick (copy-on-write) snapshot's changes.
 pub const PARAM_SNAPSHOT_SIZE: &str = "snapshotSize";
@@ -338,37 +374,14 @@ impl csi::controller_server::Controller for ControllerService {
     ) -> Result<Response<csi::ListVolumesResponse>, Status> {
         let req = req.into_inner();
         rpc("ListVolumes", "", async {
-            if req.max_entries < 0 {
-                return Err(Error::InvalidArgument(format!(
-                    "max_entries must not be negative (got {})",
-                    req.max_entries
-                )));
-            }
+            let max = decode_max_entries(req.max_entries)?;
             let mut all = Vec::new();
             for pool in self.driver.pools.iter() {
                 all.extend(pool.list().await?);
             }
             all.sort_by(|a, b| a.id.cmp(&b.id));
-            // The token is the id of the first entry of the next page.
-            let start = if req.starting_token.is_empty() {
-                0
-            } else {
-                all.iter()
-                    .position(|v| v.id == req.starting_token)
-                    .ok_or_else(|| {
-                        Error::Aborted(format!(
-                            "starting_token {:?} is not valid (no such volume)",
-                            truncate(&req.starting_token)
-                        ))
-                    })?
-            };
-            let max = if req.max_entries == 0 {
-                usize::MAX
-            } else {
-                req.max_entries as usize
-            };
-            let end = start.saturating_add(max).min(all.len());
-            let next_token = all.get(end).map(|v| v.id.clone()).unwrap_or_default();
+            let (start, end, next_token) =
+                page(&all, |v| &v.id, &req.starting_token, max, "volume")?;
             Ok(csi::ListVolumesResponse {
                 entries: all[start..end]
                     .iter()
@@ -564,12 +577,7 @@ impl csi::controller_server::Controller for ControllerService {
             ));
         }
         rpc("ListSnapshots", &req.snapshot_id, async {
-            if req.max_entries < 0 {
-                return Err(Error::InvalidArgument(format!(
-                    "max_entries must not be negative (got {})",
-                    req.max_entries
-                )));
-            }
+            let max = decode_max_entries(req.max_entries)?;
             let mut all = Vec::new();
             if !req.snapshot_id.is_empty() {
                 // One snapshot by id; an id that cannot exist lists nothing.
@@ -588,24 +596,8 @@ impl csi::controller_server::Controller for ControllerService {
                 all.retain(|s| s.source_volume_id == req.source_volume_id);
             }
             all.sort_by(|a, b| a.id.cmp(&b.id));
-            let start = if req.starting_token.is_empty() {
-                0
-            } else {
-                all.iter()
-                    .position(|s| s.id == req.starting_token)
-                    .ok_or_else(|| {
-                        Error::Aborted(format!(
-                            "starting_token {:?} is not valid (no such snapshot)",
-                            truncate(&req.starting_token)
-                        ))
-                    })?
-            };
-            let max = if req.max_entries == 0 {
-                usize::MAX
-            } else {
-                req.max_entries as usize
-            };
-            let end = start.saturating_add(max).min(all.len());
+            let (start, end, next_token) =
+                page(&all, |s| &s.id, &req.starting_token, max, "snapshot")?;
             Ok(csi::ListSnapshotsResponse {
                 entries: all[start..end]
                     .iter()
@@ -613,7 +605,7 @@ impl csi::controller_server::Controller for ControllerService {
                         snapshot: Some(snapshot_to_csi(s)),
                     })
                     .collect(),
-                next_token: all.get(end).map(|s| s.id.clone()).unwrap_or_default(),
+                next_token,
             })
         })
         .await
