@@ -20,10 +20,10 @@ use futures::StreamExt;
 use k8s_openapi::api::core::v1::{Node, PersistentVolume, PersistentVolumeClaim};
 use k8s_openapi::api::storage::v1::{CSIStorageCapacity, StorageClass};
 use kube::api::{Api, DeleteParams, ListParams, Preconditions};
-use kube::runtime::events::{Event, EventType, Recorder, Reporter};
+use kube::runtime::events::{EventType, Recorder, Reporter};
 use kube::runtime::reflector::{self, Store};
 use kube::runtime::{watcher, WatchStreamExt};
-use kube::{Client, Resource};
+use kube::Client;
 use tokio::sync::Mutex;
 
 use crate::service::TOPOLOGY_KEY;
@@ -69,16 +69,7 @@ impl NodeLoss {
     }
 
     async fn event(&self, pv: &PersistentVolume, type_: EventType, reason: &str, note: String) {
-        let ev = Event {
-            type_,
-            reason: reason.into(),
-            note: Some(note),
-            action: reason.into(),
-            secondary: None,
-        };
-        if let Err(e) = self.recorder.publish(&ev, &pv.object_ref(&())).await {
-            tracing::warn!(error = %e, reason, "could not record an event");
-        }
+        crate::discovery::k8s::publish_event(&self.recorder, pv, type_, reason, note).await;
     }
 
     /// One pass at `now` over the caches of Nodes and PVs.

@@ -87,16 +87,7 @@ impl Discoverer {
     }
 
     async fn event(&self, pv: &PersistentVolume, type_: EventType, reason: &str, note: String) {
-        let ev = Event {
-            type_,
-            reason: reason.into(),
-            note: Some(note),
-            action: reason.into(),
-            secondary: None,
-        };
-        if let Err(e) = self.recorder.publish(&ev, &pv.object_ref(&())).await {
-            tracing::warn!(error = %e, reason, "could not record an event");
-        }
+        publish_event(&self.recorder, pv, type_, reason, note).await;
     }
 
     /// One pass over the cache (this node's static PVs) and the disks.
@@ -337,6 +328,26 @@ impl Drop for AbortOnDrop {
 pub async fn in_cluster_client() -> Result<Client, String> {
     let cfg = kube::Config::incluster().map_err(|e| format!("no in-cluster config: {e}"))?;
     Client::try_from(cfg).map_err(|e| format!("kubernetes client: {e}"))
+}
+
+/// Records an Event about a PV; a failure to record is logged, never fatal.
+pub(crate) async fn publish_event(
+    recorder: &Recorder,
+    pv: &PersistentVolume,
+    type_: EventType,
+    reason: &str,
+    note: String,
+) {
+    let ev = Event {
+        type_,
+        reason: reason.into(),
+        note: Some(note),
+        action: reason.into(),
+        secondary: None,
+    };
+    if let Err(e) = recorder.publish(&ev, &pv.object_ref(&())).await {
+        tracing::warn!(error = %e, reason, "could not record an event");
+    }
 }
 
 #[cfg(test)]
