@@ -683,7 +683,8 @@ impl Pool for LvmPool {
             && lv.has_tag(TAG_CREATING)
             && lv.tag_value(TAG_NAME) == Some(encoded_name.as_str())
         {
-            // Our lvcreate finished (activated and wiped): only the tag goes.
+            // After our lvcreate (it activated and wiped the LV) only the tag
+            // goes; an LV another, cut-short lvcreate made is finished in full.
             self.finish_create(&lv, !finished).await?;
             lv.tags.retain(|t| t != TAG_CREATING);
         }
