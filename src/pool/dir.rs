@@ -584,9 +584,10 @@ impl Pool for DirPool {
         };
         if let Some(file) = excess {
             // Off the RPC's path; a leftover is removed at the next start.
-            tokio::task::spawn_blocking(move || {
+            tokio::spawn(blocking(move || {
                 let _ = fs::remove_file(file);
-            });
+                Ok(())
+            }));
         }
         Ok(())
     }
