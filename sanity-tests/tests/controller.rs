@@ -920,19 +920,42 @@ async fn controller_expand_volume() {
         20 * MI
     );
 
-    for unknown in [
+    // An id in localvol's format that is not here may live on another node
+    // (the resizer calls the driver on its own node): the answer leaves the
+    // size to NodeExpandVolume on the volume's node.
+    for elsewhere in [
         "p.0123456789abcdef0123456789abcdef",
         "nope.0123456789abcdef0123456789abcdef",
-        "foreign",
     ] {
-        assert_code(
-            unknown,
+        let r = ok(
+            elsewhere,
             d.controller()
-                .controller_expand_volume(expand_req(unknown, 20 * MI, 0))
+                .controller_expand_volume(expand_req(elsewhere, 20 * MI, 0))
                 .await,
-            Code::NotFound,
+        );
+        assert!(r.node_expansion_required, "{elsewhere}: {r:?}");
+        assert_eq!(r.capacity_bytes, 20 * MI, "{elsewhere}: {r:?}");
+        let limit_only = ok(
+            elsewhere,
+            d.controller()
+                .controller_expand_volume(expand_req(elsewhere, 0, 30 * MI))
+                .await,
+        );
+        assert_eq!(
+            limit_only.capacity_bytes,
+            30 * MI,
+            "{elsewhere}: {limit_only:?}"
         );
     }
+    assert_eq!(d.list_all().await.len(), 2, "nothing was created");
+    // A string that is not a localvol id names no volume anywhere.
+    assert_code(
+        "foreign",
+        d.controller()
+            .controller_expand_volume(expand_req("foreign", 20 * MI, 0))
+            .await,
+        Code::NotFound,
+    );
     let mut no_range = expand_req(id, 0, 0);
     no_range.capacity_range = None;
     assert_code(
@@ -995,14 +1018,13 @@ async fn controller_get_capabilities() {
         Rpc::ListVolumes as i32,
         Rpc::GetCapacity as i32,
         Rpc::SingleNodeMultiWriter as i32,
+        Rpc::ExpandVolume as i32,
     ];
     want.sort();
     assert_eq!(got, want, "{r:?}");
-    // Not advertised, and not implemented either (checked below).
-    // Expansion is node-only (NodeExpandVolume on the node that holds the
-    // volume), so a central external-resizer works.
+    // Not advertised (snapshots only with a pool that can take them), and
+    // not implemented either (checked below).
     for absent in [
-        Rpc::ExpandVolume,
         Rpc::PublishUnpublishVolume,
         Rpc::CreateDeleteSnapshot,
         Rpc::ListSnapshots,

@@ -442,16 +442,15 @@ impl csi::controller_server::Controller for ControllerService {
             r#type: Some(CapType::Rpc(Rpc { r#type: t as i32 })),
         };
         rpc("ControllerGetCapabilities", "", async {
-            // No EXPAND_VOLUME: expansion is node-only. A central resizer
-            // cannot reach the node that holds a volume, so it only records the
-            // new size and kubelet calls NodeExpandVolume on the right node,
-            // which raises the quota or extends the LV. (ControllerExpandVolume
-            // still works when called on the owning node, e.g. by the client.)
+            // EXPAND_VOLUME: a central (leader-elected) external-resizer calls
+            // ControllerExpandVolume on whichever node it runs on; see
+            // controller_expand_volume for how a volume elsewhere is answered.
             let mut capabilities = vec![
                 cap(RpcType::CreateDeleteVolume),
                 cap(RpcType::ListVolumes),
                 cap(RpcType::GetCapacity),
                 cap(RpcType::SingleNodeMultiWriter),
+                cap(RpcType::ExpandVolume),
             ];
             // Only pools that can snapshot make the driver advertise it.
             if self.driver.pools.any_snapshots() {
@@ -622,15 +621,41 @@ impl csi::controller_server::Controller for ControllerService {
             if range.required == 0 && range.limit == 0 {
                 return Err(Error::InvalidArgument("capacity_range is required".into()));
             }
-            let (id, pool, _) = self.driver.require("volume_id", &req.volume_id).await?;
+            let Some((id, pool, vol)) = self.driver.find("volume_id", &req.volume_id).await? else {
+                // Volumes live on their node, and the resizer calls the driver
+                // on its own node. An id in our format may name a volume on
+                // another node: NodeExpandVolume applies the size there (and
+                // refuses it if that node lacks room). Anything else is not ours.
+                if !matches!(
+                    VolumeId::parse("volume_id", &req.volume_id)?,
+                    ParsedId::Volume(_)
+                ) {
+                    return Err(Error::NotFound(format!(
+                        "volume {:?} is not a localvol volume",
+                        truncate(&req.volume_id)
+                    )));
+                }
+                tracing::info!(
+                    volume = %req.volume_id,
+                    "volume is not on this node; its node applies the size in NodeExpandVolume"
+                );
+                let size = if range.required > 0 {
+                    range.required
+                } else {
+                    range.limit
+                };
+                return Ok(csi::ControllerExpandVolumeResponse {
+                    capacity_bytes: to_i64(size),
+                    node_expansion_required: true,
+                });
+            };
             let _guard = self
                 .driver
                 .locks
                 .try_lock(id.key.as_str(), &format!("volume {id}"))?;
             let r = if pool.expands_on_node() {
-                // The node that holds the device extends it in NodeExpandVolume
-                // (so a central resizer works); here only the request is checked.
-                let (_, _, vol) = self.driver.require("volume_id", &req.volume_id).await?;
+                // The node that holds the device extends it in NodeExpandVolume;
+                // here only the request is checked.
                 if range.required < vol.size_bytes && !range.admits(vol.size_bytes) {
                     return Err(Error::OutOfRange(format!(
                         "volume {id} is {} bytes; shrinking is not supported",
