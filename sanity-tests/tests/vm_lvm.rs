@@ -792,6 +792,8 @@ async fn conformance(kind: Kind) {
         "{msg}"
     );
     d.unpublish(&b1.volume_id, &btarget).await;
+    // Publishing a raw block volume activates an inactive LV.
+    lvchange(&f.vg, &b1.volume_id, "-an");
     must(
         "publish b1 again",
         publish_cap(d, &b1.volume_id, &d.staging_path("b1"), &btarget, blk()).await,
@@ -911,6 +913,24 @@ async fn lifecycle_with_data(kind: Kind) {
     assert_eq!(blkid(&dev, "UUID").as_deref(), Some(uuid.as_str()));
     f.d.unstage(&id, &staging).await;
     assert!(f.d.mounts_below_dir().is_empty());
+
+    // The LV inactive when the driver starts (a boot without VG
+    // auto-activation): staging activates it, the data is there.
+    f.d.stop().await;
+    lvchange(&f.vg, &id, "-an");
+    assert!(!dev.exists(), "an inactive LV has no device node");
+    start(&mut f.d).await;
+    let staging = f.d.staging_path("life-4");
+    f.d.stage(&id, &staging).await;
+    let attr = f.lv(&id).unwrap().attr;
+    assert_eq!(
+        attr.chars().nth(4),
+        Some('a'),
+        "not active after stage: {attr}"
+    );
+    assert_file(&staging, "file.txt", b"first write");
+    assert_eq!(blkid(&dev, "UUID").as_deref(), Some(uuid.as_str()));
+    f.d.unstage(&id, &staging).await;
 
     f.d.delete(&id).await;
     f.assert_lv_gone(&id);

@@ -108,6 +108,7 @@ impl StaticPool {
             project_id: None,
             inode_limit: None,
             grow_filesystem: false,
+            inactive: false,
         }
     }
 

@@ -487,6 +487,7 @@ impl Pool for DirPool {
             project_id,
             inode_limit: req.inode_limit,
             grow_filesystem: false,
+            inactive: false,
         };
         for _ in 0..PROJECT_TRIES {
             let space = self.space().await?;

@@ -162,6 +162,7 @@ impl LvmPool {
             project_id: None,
             inode_limit: None,
             grow_filesystem: lv.has_tag(TAG_GROW),
+            inactive: !lv.is_active(),
         })
     }
 
@@ -427,20 +428,7 @@ impl LvmPool {
 
     /// The size for a request, in whole extents, within the range.
     async fn size_for(&self, range: CapacityRange) -> Result<u64> {
-        let want = match (range.required, range.limit) {
-            (0, 0) => self.default_size,
-            (0, limit) => self.default_size.min(limit),
-            (req, _) => req,
-        };
-        let extent = self.extent().await?;
-        let size = want.div_ceil(extent).saturating_mul(extent);
-        if range.limit > 0 && size > range.limit {
-            return Err(Error::OutOfRange(format!(
-                "{want} bytes rounds up to {size} bytes (extent size {extent}), above limit_bytes {}",
-                range.limit
-            )));
-        }
-        Ok(size)
+        size_in_extents(range, self.default_size, self.extent().await?)
     }
 
     fn check_room(&self, size: u64, ever: u64, now: u64, what: &str) -> Result<()> {
@@ -555,6 +543,25 @@ fn volume_key(vol: &Volume) -> Result<VolumeKey> {
         .rsplit_once('.')
         .and_then(|(_, k)| VolumeKey::parse(k))
         .ok_or_else(|| Error::Internal(format!("malformed volume id {:?}", vol.id)))
+}
+
+/// The size of a volume for `range`, in whole extents of `extent` bytes:
+/// `required` rounded up, or (only a limit) the default or the most whole
+/// extents under the limit; OUT_OF_RANGE when no whole-extent size fits.
+fn size_in_extents(range: CapacityRange, default: u64, extent: u64) -> Result<u64> {
+    let want = match (range.required, range.limit) {
+        (0, 0) => default,
+        (0, limit) => default.min(round_down(limit, extent)).max(1),
+        (req, _) => req,
+    };
+    let size = want.div_ceil(extent).saturating_mul(extent);
+    if range.limit > 0 && size > range.limit {
+        return Err(Error::OutOfRange(format!(
+            "no whole number of extents ({extent} bytes each) fits between required_bytes {} and limit_bytes {}",
+            range.required, range.limit
+        )));
+    }
+    Ok(size)
 }
 
 fn round_down(v: u64, unit: u64) -> u64 {
@@ -846,6 +853,22 @@ impl Pool for LvmPool {
         true
     }
 
+    async fn activate(&self, vol: &Volume) -> Result<()> {
+        let key = volume_key(vol)?;
+        // --ignoreactivationskip: a volume must come up even if its LV was
+        // made with the skip flag (thin snapshots by default).
+        lvm::change(vec![
+            "lvchange".into(),
+            "--activate".into(),
+            "y".into(),
+            "--ignoreactivationskip".into(),
+            self.lv_path(&lv_name(&key)),
+        ])
+        .await?;
+        tracing::info!(volume = %vol.id, "activated the volume's LV");
+        Ok(())
+    }
+
     async fn filesystem_grown(&self, vol: &Volume) -> Result<()> {
         let key = volume_key(vol)?;
         lvm::change(vec![
@@ -985,5 +1008,39 @@ impl Pool for LvmPool {
             }
         }
         Ok(None)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MI: u64 = 1 << 20;
+
+    fn sized(required: u64, limit: u64) -> Result<u64> {
+        size_in_extents(CapacityRange { required, limit }, 1024 * MI, 4 * MI)
+    }
+
+    #[test]
+    fn sizes_are_whole_extents_within_the_range() {
+        assert_eq!(sized(0, 0).unwrap(), 1024 * MI, "default");
+        assert_eq!(sized(1, 0).unwrap(), 4 * MI, "rounded up");
+        assert_eq!(sized(10 * MI, 0).unwrap(), 12 * MI);
+        assert_eq!(sized(10 * MI, 12 * MI).unwrap(), 12 * MI);
+        // Only a limit, below the default and not a whole extent: the most
+        // whole extents under it, not a refusal.
+        assert_eq!(sized(0, 10 * MI + 1).unwrap(), 8 * MI);
+        assert_eq!(
+            sized(0, 2048 * MI).unwrap(),
+            1024 * MI,
+            "default under the limit"
+        );
+        for (required, limit) in [(10 * MI, 11 * MI), (0, 3 * MI), (1, 1)] {
+            let e = sized(required, limit).unwrap_err();
+            assert!(
+                matches!(e, Error::OutOfRange(_)),
+                "({required}, {limit}): {e:?}"
+            );
+        }
     }
 }

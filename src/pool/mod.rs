@@ -102,6 +102,10 @@ pub struct Volume {
     /// larger volume): the node grows it when it next stages the volume.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub grow_filesystem: bool,
+    /// The device exists but is not active on this node (an LV after a boot
+    /// without VG auto-activation): the node activates it before use.
+    #[serde(skip)]
+    pub inactive: bool,
 }
 
 /// A point-in-time copy of a volume.
@@ -196,6 +200,10 @@ pub trait Pool: Send + Sync {
     /// Why the volume is unhealthy, as far as the backend can tell.
     async fn condition(&self, _vol: &Volume) -> Result<Option<String>> {
         Ok(None)
+    }
+    /// Makes a volume whose `inactive` was set usable on this node.
+    async fn activate(&self, _vol: &Volume) -> Result<()> {
+        Ok(())
     }
     /// Called by the node after growing the filesystem of a volume whose
     /// `grow_filesystem` was set.

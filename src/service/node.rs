@@ -154,6 +154,9 @@ impl csi::node_server::Node for NodeService {
                 .driver
                 .locks
                 .try_lock(id.key.as_str(), &format!("volume {id}"))?;
+            if vol.inactive {
+                pool.activate(&vol).await?;
+            }
             match (src, vol.access_type) {
                 (Source::Directory(dir), _) => {
                     blocking(move || nodeops::stage_dir(&dir, &staging)).await?;
@@ -240,6 +243,9 @@ impl csi::node_server::Node for NodeService {
                     .driver
                     .locks
                     .try_lock(id.key.as_str(), &format!("volume {id}"))?;
+                if vol.inactive {
+                    pool.activate(&vol).await?;
+                }
                 blocking(move || nodeops::publish_block(&dev, &target, read_only)).await?;
                 return Ok(csi::NodePublishVolumeResponse {});
             }
