@@ -48,6 +48,16 @@
 //! "p90_ms", "p99_ms", "mean_ms"}, ...}, "lifecycle": {same shape},
 //! "lifecycle_p99_ms": f64, "server_peak_rss_bytes": u64|null}`. In floor mode
 //! the `rpc` keys are the syscall steps (`"Create(mkdir)"`, `"Stage(mkdir+bind)"`, ...).
+//!
+//! # LVM floor (`--floor-lvm VG[/THINPOOL]`)
+//!
+//! The bare sequence a driver of LVM volumes cannot beat: `lvcreate`, `mkfs`
+//! and mount, bind, unmounts, `lvremove`, with no gRPC (needs root and the
+//! VG; see [`lvm_floor`]). `--size` and `--fs-type` (default ext4) apply; mode
+//! `"floor-lvm"`, `rpc` keys `"Create(lvcreate)"`, `"Stage(mkfs+mount)"`, ...,
+//! and an extra `"lvm": {"volume_group", "thin_pool", "fs_type", "size_bytes"}`.
+//! Like `--floor`, it ignores `--endpoint` (so a `CSI_ENDPOINT` in the
+//! environment does not get in the way).
 
 use std::collections::HashMap;
 use std::fmt::Write as _;
@@ -62,6 +72,9 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use clap::Args;
 use serde_json::{json, Map, Value};
 use sys_mount::MountFlags;
+
+mod lvm_floor;
+pub use lvm_floor::FloorLvm;
 
 use crate::client::{self, code_name, parse_param, parse_size_arg, path_str, Clients};
 use crate::csi;
@@ -114,6 +127,14 @@ pub struct BenchArgs {
     /// syscalls, no gRPC (needs root).
     #[arg(long)]
     pub floor: bool,
+    /// Measure the LVM floor: bare lvcreate (thick in VG, or thin in VG/THINPOOL),
+    /// mkfs (--fs-type, default ext4), mount, bind, umounts, lvremove (needs root).
+    #[arg(
+        long,
+        value_name = "VG[/THINPOOL]",
+        conflicts_with_all = ["floor", "server_pid", "params"]
+    )]
+    pub floor_lvm: Option<FloorLvm>,
 }
 
 /// `--server-pid`: a pid, or `auto` (the unix socket's peer).
@@ -239,6 +260,8 @@ pub struct Report {
     pub steps: Vec<(&'static str, Summary)>,
     pub lifecycle: Summary,
     pub server_peak_rss: Option<(u32, u64)>,
+    /// LVM floor runs: where and what.
+    pub lvm: Option<lvm_floor::LvmFloorInfo>,
 }
 
 impl Report {
@@ -263,6 +286,7 @@ impl Report {
             steps,
             lifecycle: Summary::of(&samples.lifecycles)?,
             server_peak_rss: None,
+            lvm: None,
         })
     }
 
@@ -276,7 +300,7 @@ impl Report {
             .iter()
             .map(|(n, s)| ((*n).to_owned(), s.json()))
             .collect();
-        json!({
+        let mut j = json!({
             "mode": self.mode,
             "endpoint": self.endpoint,
             "volumes": self.volumes,
@@ -288,14 +312,23 @@ impl Report {
             "lifecycle": self.lifecycle.json(),
             "lifecycle_p99_ms": ms(self.lifecycle.p99),
             "server_peak_rss_bytes": self.server_peak_rss.map(|(_, b)| b),
-        })
+        });
+        if let Some(l) = &self.lvm {
+            j["lvm"] = l.json();
+        }
+        j
     }
 
     pub fn to_human(&self) -> String {
         let mut out = String::new();
-        let what = match &self.endpoint {
-            Some(e) => format!("through {e}"),
-            None => "with raw syscalls (floor)".to_owned(),
+        let what = match (&self.endpoint, &self.lvm) {
+            (Some(e), _) => format!("through {e}"),
+            (None, Some(l)) => format!(
+                "with bare lvcreate, mkfs.{} and mounts in {} (LVM floor)",
+                l.fs.as_str(),
+                l.target
+            ),
+            (None, None) => "with raw syscalls (floor)".to_owned(),
         };
         let _ = writeln!(
             out,
@@ -440,7 +473,9 @@ async fn run_inner(args: &BenchArgs, abort: Arc<AtomicBool>) -> Result<Report, S
     };
     let run_id = run_id();
     let run_dir = RunDir::create(&base, &run_id, args.floor)?;
-    let res = if args.floor {
+    let res = if let Some(target) = &args.floor_lvm {
+        lvm_floor::run(args, target, &run_dir, &run_id, abort).await
+    } else if args.floor {
         run_floor(args, &run_dir, abort).await
     } else {
         run_csi(args, &run_dir, &run_id, abort).await

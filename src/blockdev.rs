@@ -99,6 +99,13 @@ pub async fn make_fs(dev: &Path, fs: FsType) -> Result<()> {
             )))
         }
     }
+    mkfs_command(dev, fs).run().await?;
+    Ok(())
+}
+
+/// The mkfs invocation [`make_fs`] runs, without the probe (`localvol bench
+/// --floor-lvm` times exactly this, so the floor formats like the driver).
+pub fn mkfs_command(dev: &Path, fs: FsType) -> Cmd {
     let cmd = match fs {
         // No root-reserved blocks: the whole volume belongs to its pod.
         FsType::Ext4 => Cmd::new("mkfs.ext4").args(["-q", "-m", "0"]).arg(dev),
@@ -106,9 +113,6 @@ pub async fn make_fs(dev: &Path, fs: FsType) -> Result<()> {
         FsType::Xfs => Cmd::new("mkfs.xfs").arg("-q").arg(dev),
     };
     cmd.timeout(std::time::Duration::from_secs(600))
-        .run()
-        .await?;
-    Ok(())
 }
 
 /// Grows a mounted filesystem to fill its (already larger) device.
