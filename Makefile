@@ -9,7 +9,7 @@ NODE       ?= $(shell hostname)
 BIN        := target/release/localvol
 IMAGE      ?= localvol:dev
 
-.PHONY: run build test fmt-check clippy unit sanity validate-deploy test-vm bench image clean
+.PHONY: run build test fmt-check clippy unit sanity validate-deploy test-vm bench bench-vm image clean
 
 build:
 	$(CARGO) build --release --bin localvol
@@ -83,6 +83,29 @@ test-vm:
 	LOCALVOL_BIN="$$dir/localvol" VM_PASS_ENV="LOCALVOL_BIN RUST_LOG" \
 		vm/run --timeout $(VM_TEST_TIMEOUT) -- vm/guest-tests $$tests || rc=$$?; \
 	echo "test-vm: VM run took $$(($$(date +%s) - start)) s, exit $$rc"; \
+	exit $$rc
+
+# LVM volume lifecycles in the VM: localvol (thick and thin pool) beside the bare
+# lvcreate + mkfs + mount floor (`localvol bench --floor-lvm`), one JSON line per
+# run (see vm/bench-lvm). BENCH_VOLUMES, BENCH_CONCURRENCY, BENCH_ROUNDS, BENCH_FS,
+# BENCH_POOLS and RUST_LOG pass through, e.g.
+#   make bench-vm BENCH_VOLUMES=16 BENCH_FS="ext4 xfs"
+# The binary and the script are copied to a private dir first (a concurrent build
+# or edit cannot change them under the running guest). Slow: TCG emulation.
+BENCH_VM_TIMEOUT ?= 3600
+bench-vm:
+	vm/setup
+	@set -eu; \
+	mkdir -p $(CURDIR)/target; \
+	dir=$$(mktemp -d $(CURDIR)/target/vm-bench.XXXXXX); \
+	trap 'rm -rf "$$dir"' EXIT; \
+	$(CARGO) build --release --bin localvol; \
+	cp $(BIN) vm/bench-lvm "$$dir/"; \
+	start=$$(date +%s); \
+	rc=0; \
+	VM_PASS_ENV="BENCH_VOLUMES BENCH_CONCURRENCY BENCH_ROUNDS BENCH_FS BENCH_POOLS BENCH_LOG_DIR RUST_LOG" \
+		vm/run --mem 2048 --timeout $(BENCH_VM_TIMEOUT) -- "$$dir/bench-lvm" "$$dir/localvol" || rc=$$?; \
+	echo "bench-vm: VM run took $$(($$(date +%s) - start)) s, exit $$rc" >&2; \
 	exit $$rc
 
 bench: build
