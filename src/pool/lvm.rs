@@ -73,6 +73,19 @@ type SharedCopy = Shared<BoxFuture<'static, std::result::Result<(), String>>>;
 /// Copies a source LV's data into a restoring LV, then clears its
 /// `restoring` tag: only a complete copy becomes a visible volume.
 async fn copy_and_mark(vg: String, from: String, to: String, bytes: u64) -> Result<()> {
+    // `dd of=` creates a plain file where no device node is (an inactive
+    // LV): the copy must land on the LV or fail.
+    let target = PathBuf::from(format!("/dev/{vg}/{to}"));
+    let is_dev = crate::error::blocking(move || {
+        use std::os::unix::fs::FileTypeExt;
+        Ok(std::fs::metadata(&target).is_ok_and(|m| m.file_type().is_block_device()))
+    })
+    .await?;
+    if !is_dev {
+        return Err(Error::Internal(format!(
+            "/dev/{vg}/{to} is not a block device (LV not active?)"
+        )));
+    }
     crate::command::Cmd::new("dd")
         .arg(format!("if=/dev/{vg}/{from}"))
         .arg(format!("of=/dev/{vg}/{to}"))
@@ -255,11 +268,37 @@ impl LvmPool {
     }
 
     /// Creates a volume from a snapshot or another volume. Thin pools: a thin
-    /// snapshot of the source (instant, shares blocks). Thick pools: a new LV
-    /// and a block copy of the source into it, marked `restoring` until the
-    /// copy is complete, so a crash mid-copy is redone by the retried create.
+    /// snapshot of the source (instant, shares blocks), tagged `creating`
+    /// until it is active and at its full size. Thick pools: a new LV and a
+    /// block copy of the source into it, tagged `restoring` until the copy is
+    /// complete. Either tag keeps the LV invisible (never listed, staged or
+    /// returned), so a create cut short by a crash is finished by the retried
+    /// create, or, when its source is gone by then, removed.
     async fn create_from(&self, req: &CreateRequest, src: &ContentSource) -> Result<Volume> {
-        let (src_lv, src_size) = self.source_lv(src).await?;
+        let src_id = match src {
+            ContentSource::Snapshot(id) | ContentSource::Volume(id) => id.to_string(),
+        };
+        let mut lv = self.lookup(&req.id.key).await?;
+        if let Some(lv) = &lv {
+            self.check_restore_of(lv, req, &src_id)?;
+            if !is_unfinished(lv) {
+                // Complete: a retry answers without needing the source (it
+                // may have been deleted since).
+                return self.restored_volume(lv, req);
+            }
+        }
+        let (src_lv, src_size) = match self.source_lv(src).await {
+            Ok(found) => found,
+            Err(Error::NotFound(why)) => {
+                if let Some(lv) = &lv {
+                    // Half made, and its source is gone: nothing can finish
+                    // it, and nobody was ever given it.
+                    self.remove_unfinished(lv).await?;
+                }
+                return Err(Error::NotFound(why));
+            }
+            Err(e) => return Err(e),
+        };
         if req.range.limit > 0 && req.range.limit < src_size {
             return Err(Error::OutOfRange(format!(
                 "limit_bytes {} is smaller than the source ({src_size} bytes)",
@@ -278,69 +317,50 @@ impl LvmPool {
             self.size_for(req.range).await?
         };
         let name = lv_name(&req.id.key);
-        let source_tag = format!(
-            "{TAG_SOURCE}={}",
-            match src {
-                ContentSource::Snapshot(id) | ContentSource::Volume(id) => id.to_string(),
-            }
-        );
-        let existing = self.lookup(&req.id.key).await?;
-        if existing.is_none() {
+        if lv.is_none() {
             let _alloc = self.alloc.lock().await;
             let (ever, now) = self.limits().await?;
             self.check_room(size, ever, now, &format!("volume {}", req.name.as_str()))?;
-            let mut tags = self.tags("volume", req.name.as_str(), req.access_type);
-            tags.push(source_tag.clone());
-            if size > src_size {
-                tags.push(TAG_GROW.to_owned());
-            }
-            let mut args: Vec<String> = vec!["lvcreate".into(), "--yes".into()];
-            match &self.thin {
-                Some(_) => {
-                    // A thin snapshot of the source, activated normally.
-                    args.extend([
-                        "--snapshot".into(),
-                        "--setactivationskip".into(),
-                        "n".into(),
-                    ]);
-                    args.extend([
-                        "--activate".into(),
-                        "y".into(),
-                        "--name".into(),
-                        name.clone(),
-                    ]);
-                    for t in tags {
-                        args.extend(["--addtag".into(), t]);
-                    }
-                    args.push(self.lv_path(&src_lv.name));
-                }
-                None => {
-                    tags.push(TAG_RESTORING.to_owned());
-                    args.extend([
-                        "--activate".into(),
-                        "y".into(),
-                        "--name".into(),
-                        name.clone(),
-                    ]);
-                    args.extend([
-                        "--wipesignatures".into(),
-                        "y".into(),
-                        "--zero".into(),
-                        "y".into(),
-                    ]);
-                    args.extend(["--size".into(), format!("{size}b")]);
-                    for t in tags {
-                        args.extend(["--addtag".into(), t]);
-                    }
-                    args.extend(self.options.iter().cloned());
-                    args.push(self.vg.clone());
-                }
-            }
-            match lvm::change(args).await {
+            match lvm::change(self.create_from_args(req, &src_id, &src_lv, src_size, size)).await {
+                // AlreadyExists: an lvcreate of a create cut short got there
+                // first (it may still be running): finished below.
                 Ok(()) | Err(LvmError::AlreadyExists(_)) => {}
                 Err(e) => return Err(e.into()),
             }
-            if self.thin.is_some() && size > src_size {
+            let made = self.lookup(&req.id.key).await?.ok_or_else(|| {
+                Error::Internal(format!("LV {} missing after lvcreate", self.lv_path(&name)))
+            })?;
+            self.check_restore_of(&made, req, &src_id)?;
+            lv = Some(made);
+        }
+        let mut lv = lv.expect("looked up or created above");
+        if !is_unfinished(&lv) {
+            return self.restored_volume(&lv, req);
+        }
+        if !lv.is_active() {
+            self.activate_lv(&lv.name).await?;
+        }
+        if lv.has_tag(TAG_RESTORING) {
+            if !src_lv.is_active() {
+                self.activate_lv(&src_lv.name).await?;
+            }
+            // Copy the whole source, so a larger target keeps the source's
+            // filesystem intact (it is grown at stage). The copy clears the
+            // `restoring` tag when it is complete.
+            self.finish_copy(src_lv.name.clone(), name.clone(), src_size)
+                .await?;
+        }
+        if lv.has_tag(TAG_CREATING) {
+            if lv.size < size {
+                // Thin: the snapshot has its source's size.
+                let _alloc = self.alloc.lock().await;
+                let (ever, now) = self.limits().await?;
+                self.check_room(
+                    size,
+                    ever,
+                    now.saturating_add(lv.size),
+                    &format!("volume {}", req.name.as_str()),
+                )?;
                 lvm::change(vec![
                     "lvextend".into(),
                     "--size".into(),
@@ -349,36 +369,148 @@ impl LvmPool {
                 ])
                 .await?;
             }
+            lvm::change(vec![
+                "lvchange".into(),
+                "--deltag".into(),
+                TAG_CREATING.into(),
+                self.lv_path(&name),
+            ])
+            .await?;
         }
-        let lv = self.lookup(&req.id.key).await?.ok_or_else(|| {
-            Error::Internal(format!("LV {} missing after lvcreate", self.lv_path(&name)))
-        })?;
-        if !self.is_ours(&lv) {
-            return Err(Error::AlreadyExists(format!(
-                "LV {} exists and is not this driver's",
+        lv = self
+            .lookup(&req.id.key)
+            .await?
+            .ok_or_else(|| Error::Internal(format!("LV {} vanished", self.lv_path(&name))))?;
+        if is_unfinished(&lv) {
+            return Err(Error::Internal(format!(
+                "LV {} is still marked unfinished after its create completed",
                 self.lv_path(&name)
             )));
         }
-        if lv.has_tag(TAG_RESTORING) {
-            // Copy the whole source, so a larger target keeps the source's
-            // filesystem intact (it is grown at stage).
-            self.finish_copy(src_lv.name.clone(), name.clone(), src_size)
-                .await?;
+        self.restored_volume(&lv, req)
+    }
+
+    /// `lvcreate` arguments for a volume made from `src_lv`: a thin snapshot
+    /// (thin pools) or a new LV for a block copy (thick pools), each tagged
+    /// as unfinished.
+    fn create_from_args(
+        &self,
+        req: &CreateRequest,
+        src_id: &str,
+        src_lv: &LvInfo,
+        src_size: u64,
+        size: u64,
+    ) -> Vec<String> {
+        let mut tags = self.tags("volume", req.name.as_str(), req.access_type);
+        tags.push(format!("{TAG_SOURCE}={src_id}"));
+        if size > src_size {
+            tags.push(TAG_GROW.to_owned());
         }
-        let lv = self
-            .lookup(&req.id.key)
-            .await?
-            .ok_or_else(|| Error::Internal("LV vanished".into()))?;
-        let vol = self.to_volume(&lv).ok_or_else(|| {
-            Error::AlreadyExists(format!("LV {} exists and is not this driver's", lv.name))
-        })?;
-        if lv.tag_value(TAG_SOURCE) != Some(source_tag.split_once('=').map_or("", |x| x.1)) {
+        let mut args: Vec<String> = vec!["lvcreate".into(), "--yes".into()];
+        args.extend([
+            "--activate".into(),
+            "y".into(),
+            "--name".into(),
+            lv_name(&req.id.key),
+        ]);
+        match &self.thin {
+            Some(_) => {
+                // A thin snapshot of the source, activated normally.
+                tags.push(TAG_CREATING.to_owned());
+                args.extend([
+                    "--snapshot".into(),
+                    "--setactivationskip".into(),
+                    "n".into(),
+                ]);
+                for t in tags {
+                    args.extend(["--addtag".into(), t]);
+                }
+                args.push(self.lv_path(&src_lv.name));
+            }
+            None => {
+                tags.push(TAG_RESTORING.to_owned());
+                args.extend([
+                    "--wipesignatures".into(),
+                    "y".into(),
+                    "--zero".into(),
+                    "y".into(),
+                ]);
+                args.extend(["--size".into(), format!("{size}b")]);
+                for t in tags {
+                    args.extend(["--addtag".into(), t]);
+                }
+                args.extend(self.options.iter().cloned());
+                args.push(self.vg.clone());
+            }
+        }
+        args
+    }
+
+    /// Whether an existing LV is (or is becoming) the volume this create
+    /// asks for: this pool's, for this name, from this source.
+    fn check_restore_of(&self, lv: &LvInfo, req: &CreateRequest, src_id: &str) -> Result<()> {
+        if !self.is_ours(lv) || lv.tag_value(TAG_KIND) == Some("snapshot") {
+            return Err(Error::AlreadyExists(format!(
+                "LV {} exists and is not this driver's",
+                self.lv_path(&lv.name)
+            )));
+        }
+        let name = lv.tag_value(TAG_NAME).and_then(lvm::decode_tag_value);
+        if name.as_deref() != Some(req.name.as_str()) {
+            return Err(Error::AlreadyExists(format!(
+                "LV {} belongs to another name that hashes to the same id",
+                self.lv_path(&lv.name)
+            )));
+        }
+        if lv.tag_value(TAG_SOURCE) != Some(src_id) {
             return Err(Error::AlreadyExists(format!(
                 "volume {:?} already exists with other content",
                 req.name.as_str()
             )));
         }
+        Ok(())
+    }
+
+    /// The volume a complete restore or clone is, if it answers `req`.
+    fn restored_volume(&self, lv: &LvInfo, req: &CreateRequest) -> Result<Volume> {
+        let vol = self.to_volume(lv).ok_or_else(|| {
+            Error::AlreadyExists(format!(
+                "LV {} exists and is not this driver's",
+                self.lv_path(&lv.name)
+            ))
+        })?;
         matches_request(vol, req)
+    }
+
+    /// Activates one of the pool's LVs by name.
+    async fn activate_lv(&self, lv: &str) -> Result<()> {
+        lvm::change(vec![
+            "lvchange".into(),
+            "--activate".into(),
+            "y".into(),
+            self.lv_path(lv),
+        ])
+        .await?;
+        Ok(())
+    }
+
+    /// Removes a restore or clone that was cut short and cannot be finished.
+    async fn remove_unfinished(&self, lv: &LvInfo) -> Result<()> {
+        debug_assert!(is_unfinished(lv));
+        tracing::warn!(
+            lv = self.lv_path(&lv.name),
+            "removing an unfinished restore or clone: its source is gone"
+        );
+        match lvm::change(vec![
+            "lvremove".into(),
+            "--yes".into(),
+            self.lv_path(&lv.name),
+        ])
+        .await
+        {
+            Ok(()) | Err(LvmError::NotFound(_)) => Ok(()),
+            Err(e) => Err(e.into()),
+        }
     }
 
     async fn lookup(&self, key: &VolumeKey) -> Result<Option<LvInfo>> {
@@ -543,6 +675,12 @@ fn volume_key(vol: &Volume) -> Result<VolumeKey> {
         .rsplit_once('.')
         .and_then(|(_, k)| VolumeKey::parse(k))
         .ok_or_else(|| Error::Internal(format!("malformed volume id {:?}", vol.id)))
+}
+
+/// A volume whose create has not completed (see [`TAG_CREATING`],
+/// [`TAG_RESTORING`]).
+fn is_unfinished(lv: &LvInfo) -> bool {
+    lv.has_tag(TAG_CREATING) || lv.has_tag(TAG_RESTORING)
 }
 
 /// The size of a volume for `range`, in whole extents of `extent` bytes:
