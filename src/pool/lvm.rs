@@ -223,6 +223,16 @@ impl LvmPool {
                 let lv = lvm::lv(&self.vg, &snap_lv_name(&id.key)).await?;
                 let snap = lv.as_ref().and_then(|l| self.to_snapshot(l));
                 match (lv, snap) {
+                    // A COW snapshot whose area overflowed: dm-snapshot
+                    // dropped it, its reads fail.
+                    (Some(lv), Some(_))
+                        if lv.is_cow_snapshot() && lv.attr.chars().nth(4) == Some('I') =>
+                    {
+                        Err(Error::FailedPrecondition(format!(
+                            "snapshot {id} is invalid: its copy-on-write space (snapshotSize) \
+                             filled up; it cannot be restored"
+                        )))
+                    }
                     (Some(lv), Some(snap)) => Ok((lv, snap.size_bytes)),
                     _ => Err(Error::NotFound(format!("snapshot {id} does not exist"))),
                 }
@@ -289,13 +299,13 @@ impl LvmPool {
         }
         let (src_lv, src_size) = match self.source_lv(src).await {
             Ok(found) => found,
-            Err(Error::NotFound(why)) => {
+            Err(e @ (Error::NotFound(_) | Error::FailedPrecondition(_))) => {
                 if let Some(lv) = &lv {
-                    // Half made, and its source is gone: nothing can finish
-                    // it, and nobody was ever given it.
+                    // Half made, and its source is gone or unreadable:
+                    // nothing can finish it, and nobody was ever given it.
                     self.remove_unfinished(lv).await?;
                 }
-                return Err(Error::NotFound(why));
+                return Err(e);
             }
             Err(e) => return Err(e),
         };
@@ -499,7 +509,7 @@ impl LvmPool {
         debug_assert!(is_unfinished(lv));
         tracing::warn!(
             lv = self.lv_path(&lv.name),
-            "removing an unfinished restore or clone: its source is gone"
+            "removing an unfinished restore or clone: its source is gone or invalid"
         );
         match lvm::change(vec![
             "lvremove".into(),
