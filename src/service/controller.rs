@@ -289,10 +289,7 @@ impl csi::controller_server::Controller for ControllerService {
             let Some(pool) = self.driver.pools.get(&id.pool) else {
                 return Ok(csi::DeleteVolumeResponse {});
             };
-            let _guard = self
-                .driver
-                .locks
-                .try_lock(id.key.as_str(), &format!("volume {id}"))?;
+            let _guard = self.driver.lock_volume(&id)?;
             pool.delete(&id).await?;
             Ok(csi::DeleteVolumeResponse {})
         })
@@ -555,10 +552,7 @@ impl csi::controller_server::Controller for ControllerService {
             let Some(pool) = self.driver.pools.get(&id.pool) else {
                 return Ok(csi::DeleteSnapshotResponse {});
             };
-            let _guard = self
-                .driver
-                .locks
-                .try_lock(id.key.as_str(), &format!("snapshot {id}"))?;
+            let _guard = self.driver.lock_snapshot(&id)?;
             pool.delete_snapshot(&id).await?;
             Ok(csi::DeleteSnapshotResponse {})
         })
@@ -649,10 +643,7 @@ impl csi::controller_server::Controller for ControllerService {
                     node_expansion_required: true,
                 });
             };
-            let _guard = self
-                .driver
-                .locks
-                .try_lock(id.key.as_str(), &format!("volume {id}"))?;
+            let _guard = self.driver.lock_volume(&id)?;
             let r = if pool.expands_on_node() {
                 // The node that holds the device extends it in NodeExpandVolume;
                 // here only the request is checked.

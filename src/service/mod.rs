@@ -91,6 +91,19 @@ impl Driver {
         Ok(pool.get(&id).await?.map(|v| (id, pool, v)))
     }
 
+    /// Takes the volume's operation lock (ABORTED while another operation on
+    /// it runs); released when the guard drops.
+    pub fn lock_volume(&self, id: &VolumeId) -> Result<crate::locks::VolumeGuard> {
+        self.locks
+            .try_lock(id.key.as_str(), &format!("volume {id}"))
+    }
+
+    /// Like [`Driver::lock_volume`], for a snapshot.
+    pub fn lock_snapshot(&self, id: &VolumeId) -> Result<crate::locks::VolumeGuard> {
+        self.locks
+            .try_lock(id.key.as_str(), &format!("snapshot {id}"))
+    }
+
     /// Like [`Driver::find`], NOT_FOUND when missing.
     pub async fn require(
         &self,

@@ -32,6 +32,19 @@ impl NodeService {
         let (root, p) = (self.driver.kubelet_dir.clone(), p.to_owned());
         blocking(move || fsutil::check_request_path(what, &root, &p)).await
     }
+
+    /// Like [`NodeService::path`], and NOT_FOUND when nothing is there.
+    async fn existing_path(&self, what: &'static str, p: &str) -> Result<PathBuf> {
+        let (root, p) = (self.driver.kubelet_dir.clone(), p.to_owned());
+        blocking(move || {
+            let path = fsutil::check_request_path(what, &root, &p)?;
+            match std::fs::symlink_metadata(&path) {
+                Ok(_) => Ok(path),
+                Err(_) => Err(Error::NotFound(format!("{what} {path:?} does not exist"))),
+            }
+        })
+        .await
+    }
 }
 
 /// The capability a node call was given, checked against the volume.
@@ -150,10 +163,7 @@ impl csi::node_server::Node for NodeService {
             let cap = node_capability(req.volume_capability.as_ref(), &vol)?;
             let src = pool.source(&vol)?;
             let opts = mount_options(&cap, &src)?;
-            let _guard = self
-                .driver
-                .locks
-                .try_lock(id.key.as_str(), &format!("volume {id}"))?;
+            let _guard = self.driver.lock_volume(&id)?;
             if vol.inactive {
                 pool.activate(&vol).await?;
             }
@@ -208,10 +218,7 @@ impl csi::node_server::Node for NodeService {
                 .path("staging_target_path", &req.staging_target_path)
                 .await?;
             let (id, pool, vol) = self.driver.require("volume_id", &req.volume_id).await?;
-            let _guard = self
-                .driver
-                .locks
-                .try_lock(id.key.as_str(), &format!("volume {id}"))?;
+            let _guard = self.driver.lock_volume(&id)?;
             let (src, access) = (pool.source(&vol).ok(), vol.access_type);
             blocking(move || nodeops::unstage(&staging, src.as_ref().map(|s| (s, access)))).await?;
             Ok(csi::NodeUnstageVolumeResponse {})
@@ -239,10 +246,7 @@ impl csi::node_server::Node for NodeService {
             let read_only = req.readonly || cap.mode.read_only();
             if let (Source::Device(dev), AccessType::Block) = (&src, vol.access_type) {
                 let dev = dev.clone();
-                let _guard = self
-                    .driver
-                    .locks
-                    .try_lock(id.key.as_str(), &format!("volume {id}"))?;
+                let _guard = self.driver.lock_volume(&id)?;
                 if vol.inactive {
                     pool.activate(&vol).await?;
                 }
@@ -252,10 +256,7 @@ impl csi::node_server::Node for NodeService {
             let staging = self
                 .path("staging_target_path", &req.staging_target_path)
                 .await?;
-            let _guard = self
-                .driver
-                .locks
-                .try_lock(id.key.as_str(), &format!("volume {id}"))?;
+            let _guard = self.driver.lock_volume(&id)?;
             let access = vol.access_type;
             blocking(move || {
                 nodeops::publish(&staging, &target, &src, access, read_only, opts.flags)
@@ -291,10 +292,7 @@ impl csi::node_server::Node for NodeService {
                 blocking(move || nodeops::unpublish(&target, None)).await?;
                 return Ok(csi::NodeUnpublishVolumeResponse {});
             };
-            let _guard = self
-                .driver
-                .locks
-                .try_lock(id.key.as_str(), &format!("volume {id}"))?;
+            let _guard = self.driver.lock_volume(&id)?;
             let (src, access) = (pool.source(&vol).ok(), vol.access_type);
             blocking(move || nodeops::unpublish(&target, src.as_ref().map(|s| (s, access))))
                 .await?;
@@ -310,15 +308,8 @@ impl csi::node_server::Node for NodeService {
         let req = req.into_inner();
         rpc("NodeGetVolumeStats", &req.volume_id, async {
             check_text("volume_id", &req.volume_id)?;
-            let path = self.path("volume_path", &req.volume_path).await?;
+            let path = self.existing_path("volume_path", &req.volume_path).await?;
             let (_, pool, vol) = self.driver.require("volume_id", &req.volume_id).await?;
-            let p = path.clone();
-            blocking(move || {
-                std::fs::symlink_metadata(&p)
-                    .map(|_| ())
-                    .map_err(|_| Error::NotFound(format!("volume_path {p:?} does not exist")))
-            })
-            .await?;
             let usage = pool.usage(&vol).await?;
             let mut condition = pool.condition(&vol).await?;
             if condition.is_none() {
@@ -394,7 +385,7 @@ impl csi::node_server::Node for NodeService {
         let req = req.into_inner();
         rpc("NodeExpandVolume", &req.volume_id, async {
             check_text("volume_id", &req.volume_id)?;
-            let path = self.path("volume_path", &req.volume_path).await?;
+            let path = self.existing_path("volume_path", &req.volume_path).await?;
             let staging = match req.staging_target_path.as_str() {
                 "" => None,
                 s => Some(self.path("staging_target_path", s).await?),
@@ -404,17 +395,7 @@ impl csi::node_server::Node for NodeService {
             if let Some(c) = req.volume_capability.as_ref() {
                 node_capability(Some(c), &vol)?;
             }
-            let p = path.clone();
-            blocking(move || {
-                std::fs::symlink_metadata(&p)
-                    .map(|_| ())
-                    .map_err(|_| Error::NotFound(format!("volume_path {p:?} does not exist")))
-            })
-            .await?;
-            let _guard = self
-                .driver
-                .locks
-                .try_lock(id.key.as_str(), &format!("volume {id}"))?;
+            let _guard = self.driver.lock_volume(&id)?;
             // The volume lives here, so the node applies the size: this is what
             // makes a central resizer work, whose ControllerExpandVolume may run
             // on another node.
