@@ -49,6 +49,16 @@
 //! "lifecycle_p99_ms": f64, "server_peak_rss_bytes": u64|null}`. In floor mode
 //! the `rpc` keys are the syscall steps (`"Create(mkdir)"`, `"Stage(mkdir+bind)"`, ...).
 //!
+//! # Transport floor (`--floor-rpc`)
+//!
+//! The same workers and connection, but every step of a lifecycle is an
+//! Identity `GetPluginInfo` call (every driver has it and it does no I/O,
+//! where Probe may check storage): what six gRPC round trips cost with this
+//! client and that driver, with no storage work at all. A driver's lifecycle
+//! cannot be faster than this. Mode `"rpc-floor"`, `rpc` keys
+//! `"GetPluginInfo(Create)"`, ...
+//! (always six, even for a driver without stage/unstage).
+//!
 //! # LVM floor (`--floor-lvm VG[/THINPOOL]`)
 //!
 //! The bare sequence a driver of LVM volumes cannot beat: `lvcreate`, `mkfs`
@@ -135,6 +145,12 @@ pub struct BenchArgs {
         conflicts_with_all = ["floor", "server_pid", "params"]
     )]
     pub floor_lvm: Option<FloorLvm>,
+    /// Measure the transport floor of the driver at --endpoint: every step of a
+    /// lifecycle is an Identity GetPluginInfo call (every driver has it; no I/O)
+    /// over the same connection and concurrency, so the report shows what gRPC
+    /// alone costs six round trips.
+    #[arg(long, conflicts_with_all = ["floor", "floor_lvm", "params"])]
+    pub floor_rpc: bool,
 }
 
 /// `--server-pid`: a pid, or `auto` (the unix socket's peer).
@@ -174,6 +190,15 @@ const FLOOR_STEPS: [&str; 6] = [
     "Unpublish(umount+rmdir)",
     "Unstage(umount+rmdir)",
     "Delete(rmdir)",
+];
+/// Step names of a transport-floor lifecycle: one GetPluginInfo per driver step.
+const PROBE_STEPS: [&str; 6] = [
+    "GetPluginInfo(Create)",
+    "GetPluginInfo(Stage)",
+    "GetPluginInfo(Publish)",
+    "GetPluginInfo(Unpublish)",
+    "GetPluginInfo(Unstage)",
+    "GetPluginInfo(Delete)",
 ];
 const CREATE: usize = 0;
 const STAGE: usize = 1;
@@ -322,6 +347,9 @@ impl Report {
     pub fn to_human(&self) -> String {
         let mut out = String::new();
         let what = match (&self.endpoint, &self.lvm) {
+            (Some(e), _) if self.mode == "rpc-floor" => {
+                format!("of GetPluginInfo calls only through {e} (transport floor)")
+            }
             (Some(e), _) => format!("through {e}"),
             (None, Some(l)) => format!(
                 "with bare lvcreate, mkfs.{} and mounts in {} (LVM floor)",
@@ -564,6 +592,8 @@ struct CsiCtx {
     parameters: HashMap<String, String>,
     size: i64,
     prefix: String,
+    /// `--floor-rpc`: GetPluginInfo calls instead of the lifecycle's RPCs.
+    probe_only: bool,
 }
 
 /// What one lifecycle has asked the driver to do so far, for cleanup.
@@ -638,6 +668,7 @@ async fn run_csi(
         parameters: client::param_map(None, &args.params)?,
         size: args.size,
         prefix: format!("{}-{run_id}", args.name_prefix),
+        probe_only: args.floor_rpc,
     });
     let next = Arc::new(AtomicUsize::new(0));
     let n = usize::try_from(args.volumes).map_err(|e| e.to_string())?;
@@ -655,7 +686,12 @@ async fn run_csi(
                 }
                 let staging = staging.join(i.to_string());
                 let target = targets.join(i.to_string());
-                if let Err(e) = csi_lifecycle(&ctx, i, &staging, &target, &mut samples).await {
+                let res = if ctx.probe_only {
+                    probe_lifecycle(&ctx, &mut samples).await
+                } else {
+                    csi_lifecycle(&ctx, i, &staging, &target, &mut samples).await
+                };
+                if let Err(e) = res {
                     abort.store(true, Ordering::SeqCst);
                     return (
                         samples,
@@ -671,7 +707,11 @@ async fn run_csi(
     if let Some(e) = first_error(&errors) {
         return Err(e);
     }
-    let mut report = Report::new("csi", &RPC_STEPS, &samples, wall)
+    let (mode, steps) = match args.floor_rpc {
+        true => ("rpc-floor", &PROBE_STEPS),
+        false => ("csi", &RPC_STEPS),
+    };
+    let mut report = Report::new(mode, steps, &samples, wall)
         .ok_or_else(|| "no lifecycle completed".to_owned())?;
     report.endpoint = Some(args.endpoint.to_string());
     report.volumes = args.volumes;
@@ -708,6 +748,23 @@ fn first_error(errors: &[String]) -> Option<String> {
         1 => first.clone(),
         n => format!("{first} (and {} more failed lifecycles)", n - 1),
     })
+}
+
+/// A transport-floor lifecycle: six GetPluginInfo round trips, nothing else.
+async fn probe_lifecycle(ctx: &CsiCtx, samples: &mut Samples) -> Result<(), String> {
+    let lifecycle = Instant::now();
+    for step in samples.steps.iter_mut() {
+        let mut identity = ctx.clients.identity.clone();
+        let start = Instant::now();
+        client::call(ctx.clients.timeout, csi::GetPluginInfoRequest {}, |r| {
+            identity.get_plugin_info(r)
+        })
+        .await
+        .map_err(|s| format!("GetPluginInfo: {}: {}", code_name(s.code()), s.message()))?;
+        step.push(start.elapsed());
+    }
+    samples.lifecycles.push(lifecycle.elapsed());
+    Ok(())
 }
 
 /// One driver lifecycle; on error, undoes what it did (best effort).
