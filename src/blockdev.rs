@@ -88,22 +88,21 @@ pub async fn probe(dev: &Path) -> Result<Content> {
     }
 }
 
-/// Creates a filesystem on a device that probing found empty. Refuses
-/// otherwise: existing data is never overwritten.
-pub async fn make_fs(dev: &Path, fs: FsType) -> Result<()> {
+/// Creates a filesystem of type `fs` on `dev` if, and only if, probing finds
+/// the device blank; otherwise returns what is there, untouched. Existing data
+/// is never overwritten, and the one probe serves both the decision and the
+/// caller's view of the content.
+pub async fn format_if_blank(dev: &Path, fs: FsType) -> Result<Content> {
     match probe(dev).await? {
-        Content::Empty => {}
-        other => {
-            return Err(Error::FailedPrecondition(format!(
-                "refusing to format {dev:?}: it already holds {other:?}"
-            )))
+        Content::Empty => {
+            mkfs_command(dev, fs).run().await?;
+            Ok(Content::Empty)
         }
+        other => Ok(other),
     }
-    mkfs_command(dev, fs).run().await?;
-    Ok(())
 }
 
-/// The mkfs invocation [`make_fs`] runs, without the probe (`localvol bench
+/// The mkfs invocation [`format_if_blank`] runs, without the probe (`localvol bench
 /// --floor-lvm` times exactly this, so the floor formats like the driver).
 pub fn mkfs_command(dev: &Path, fs: FsType) -> Cmd {
     let cmd = match fs {
@@ -219,15 +218,24 @@ mod tests {
             let lo = Loop::new(400 << 20);
             assert_eq!(device_size(&lo.dev).unwrap(), 400 << 20);
             assert_eq!(probe(&lo.dev).await.unwrap(), Content::Empty);
-            make_fs(&lo.dev, fs).await.unwrap();
-            assert_eq!(
-                probe(&lo.dev).await.unwrap(),
-                Content::Filesystem(fs.as_str().into())
-            );
-            // A second format is refused whatever type is asked for.
+            // Blank: formatted, and the answer says it was blank.
+            assert_eq!(format_if_blank(&lo.dev, fs).await.unwrap(), Content::Empty);
+            let formatted = Content::Filesystem(fs.as_str().into());
+            assert_eq!(probe(&lo.dev).await.unwrap(), formatted);
+            let uuid = || {
+                let out = std::process::Command::new("blkid")
+                    .args(["-p", "-s", "UUID", "-o", "value"])
+                    .arg(&lo.dev)
+                    .output()
+                    .unwrap();
+                String::from_utf8(out.stdout).unwrap()
+            };
+            let before = uuid();
+            assert!(!before.trim().is_empty());
+            // Not blank any more: never formatted again, whatever type is asked.
             for again in [FsType::Ext4, FsType::Xfs] {
-                let err = make_fs(&lo.dev, again).await.unwrap_err();
-                assert!(matches!(err, Error::FailedPrecondition(_)), "{err}");
+                assert_eq!(format_if_blank(&lo.dev, again).await.unwrap(), formatted);
+                assert_eq!(uuid(), before, "{fs:?} was reformatted as {again:?}");
             }
             // Grow: enlarge the backing file, refresh the loop size, grow online.
             // ext4's online resize needs CAP_SYS_RESOURCE, which some sandboxes

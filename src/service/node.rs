@@ -116,12 +116,9 @@ async fn prepare_filesystem(
         "" => None,
         t => Some(FsType::parse(t)?),
     };
-    match blockdev::probe(dev).await? {
-        Content::Empty => {
-            let fs = requested.or(default).unwrap_or(FsType::Ext4);
-            blockdev::make_fs(dev, fs).await?;
-            Ok(fs)
-        }
+    let fs_if_blank = requested.or(default).unwrap_or(FsType::Ext4);
+    match blockdev::format_if_blank(dev, fs_if_blank).await? {
+        Content::Empty => Ok(fs_if_blank),
         Content::Filesystem(t) => {
             let found = FsType::parse(&t).map_err(|_| {
                 Error::FailedPrecondition(format!(
