@@ -534,7 +534,11 @@ impl LvmPool {
 
     /// (largest volume this pool could ever hold, largest creatable now).
     async fn limits(&self) -> Result<(u64, u64)> {
-        let vg = lvm::vg(&self.vg).await?;
+        self.limits_in(&lvm::vg(&self.vg).await?).await
+    }
+
+    /// [`LvmPool::limits`] with the VG's report already at hand.
+    async fn limits_in(&self, vg: &lvm::VgInfo) -> Result<(u64, u64)> {
         match &self.thin {
             None => {
                 let ever = ((vg.size.saturating_sub(self.reserve)) as f64 / self.overhead) as u64;
@@ -817,9 +821,12 @@ impl Pool for LvmPool {
                 ))),
             };
         }
-        let size = self.size_for(req.range).await?;
         let _alloc = self.alloc.lock().await;
-        let (ever, now) = self.limits().await?;
+        // One vgs for both the extent size and the room (each lvm run costs
+        // a process start and a device scan).
+        let vg = lvm::vg(&self.vg).await?;
+        let size = size_in_extents(req.range, self.default_size, vg.extent_size.max(512))?;
+        let (ever, now) = self.limits_in(&vg).await?;
         self.check_room(size, ever, now, &format!("volume {}", req.name.as_str()))?;
         let finished = match lvm::change(self.create_args(req, size)).await {
             Ok(()) => true,
@@ -853,7 +860,19 @@ impl Pool for LvmPool {
     }
 
     async fn delete(&self, id: &VolumeId) -> Result<()> {
-        let Some(lv) = self.lookup(&id.key).await? else {
+        // Thick pools must look for COW snapshots of the volume, so one
+        // `lvs VG` serves both the lookup and that check; thin snapshots do
+        // not depend on their origin, so thin pools look up the LV alone.
+        let all = match self.thin {
+            None => Some(lvm::lvs(&self.vg).await?),
+            Some(_) => None,
+        };
+        let name = lv_name(&id.key);
+        let found = match &all {
+            Some(all) => all.iter().find(|l| l.name == name).cloned(),
+            None => self.lookup(&id.key).await?,
+        };
+        let Some(lv) = found else {
             return Ok(());
         };
         if !self.is_ours(&lv) {
@@ -886,11 +905,11 @@ impl Pool for LvmPool {
                 "volume {id} is published at {at:?}; unpublish it first"
             )));
         }
-        let dependants: Vec<String> = lvm::lvs(&self.vg)
-            .await?
-            .into_iter()
+        let dependants: Vec<String> = all
+            .iter()
+            .flatten()
             .filter(|l| l.is_cow_snapshot() && l.origin == lv.name)
-            .map(|l| l.name)
+            .map(|l| l.name.clone())
             .collect();
         if !dependants.is_empty() {
             return Err(Error::FailedPrecondition(format!(
