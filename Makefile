@@ -12,7 +12,7 @@ IMAGE      ?= localvol:dev
 .PHONY: run build test fmt-check clippy unit sanity validate-deploy test-vm bench bench-vm image clean
 
 build:
-	$(CARGO) build --release --bin localvol
+	$(CARGO) build --release --locked --bin localvol
 
 # One directory pool under $(DATA)/pool, the socket beside it, staging and
 # target paths allowed under $(DATA)/kubelet. No cluster needed.
@@ -99,7 +99,7 @@ bench-vm:
 	mkdir -p $(CURDIR)/target; \
 	dir=$$(mktemp -d $(CURDIR)/target/vm-bench.XXXXXX); \
 	trap 'rm -rf "$$dir"' EXIT; \
-	$(CARGO) build --release --bin localvol; \
+	$(CARGO) build --release --locked --bin localvol; \
 	cp $(BIN) vm/bench-lvm "$$dir/"; \
 	start=$$(date +%s); \
 	rc=0; \
