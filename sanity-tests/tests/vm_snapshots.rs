@@ -1130,6 +1130,44 @@ async fn restore_copy_and_crashes(kind: Kind) {
     assert_restored_block(&f, &r2, "r2", &pattern, &what).await;
     eprintln!("restore_copy_and_crashes {kind:?}: {what}");
 
+    // (b2) Thick: only the driver dies; its copy lives on (outside a pod's
+    // cgroup nothing kills it). The restarted driver must not start a second
+    // writer beside it (ABORTED while it runs), and must redo the copy after.
+    let r5 = f.volume_id("r5");
+    if kind == Kind::Thick {
+        let req = from_req("r5", 0, "block", &sid, true);
+        let mut c = f.d.controller();
+        let call = tokio::spawn({
+            let req = req.clone();
+            async move { c.create_volume(req).await }
+        });
+        let dd = catch_copy(&f.vg.vg, &lv_name(&r5)).await;
+        f.d.kill9();
+        let _ = call.await;
+        start(&mut f.d).await;
+        must_fail(
+            "retry while the dead driver's copy still runs",
+            f.create(req.clone()).await,
+            Code::Aborted,
+        );
+        assert!(!f.volume_ids().await.contains(&r5));
+        signal(dd, nix::sys::signal::Signal::SIGCONT);
+        let deadline = Instant::now() + Duration::from_secs(120);
+        while !exited(dd) && Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        assert!(exited(dd), "the orphaned copy did not end");
+        let lv = f.must_lv(&r5);
+        assert!(
+            lv.tags.iter().any(|t| t == "localvol.restoring"),
+            "a copy without its driver completed the volume: {lv:?}"
+        );
+        let v = must_ok("retry after the orphaned copy ended", f.create(req).await);
+        assert_eq!(v.volume_id, r5);
+        assert_restored_block(&f, &r5, "r5", &pattern, "r5").await;
+        must_ok("delete r5", f.delete_volume(&r5).await);
+    }
+
     // (c) The state a crash right after lvcreate leaves (inactive, not
     // wiped / not extended), made by hand: hidden; the retry finishes it.
     let r3_size = match kind {

@@ -351,6 +351,21 @@ impl LvmPool {
             self.activate_lv(&lv.name).await?;
         }
         if lv.has_tag(TAG_RESTORING) {
+            let ours = self
+                .copies
+                .lock()
+                .expect("copies lock poisoned")
+                .contains_key(&name);
+            if lv.open && !ours {
+                // A hidden LV is opened by nothing but a copy, and not by
+                // one of this process: a copy a killed driver left running.
+                // A second writer could end after this one and overwrite
+                // what the volume's user wrote meanwhile: wait for it.
+                return Err(Error::Aborted(format!(
+                    "LV {} is still open by a copy from before a restart; retry when it has ended",
+                    self.lv_path(&name)
+                )));
+            }
             if !src_lv.is_active() {
                 self.activate_lv(&src_lv.name).await?;
             }
