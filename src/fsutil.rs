@@ -285,56 +285,86 @@ fn clear_fd(fd: &OwnedFd, top: &OwnedFd, dev: libc::dev_t, depth: usize) -> Resu
 /// directory): absolute, no `.`/`..`, no NUL, and no symlink anywhere below
 /// `root`, so a mount can never land outside it. Components that do not exist
 /// yet are fine. (`root` itself may be a symlink: that is the operator's choice.)
-pub fn check_request_path(what: &str, root: &Path, p: &str) -> Result<PathBuf> {
-    if p.is_empty() {
-        return Err(Error::InvalidArgument(format!("{what} is required")));
-    }
-    if p.len() > MAX_PATH_LEN || p.contains('\0') {
-        return Err(Error::InvalidArgument(format!(
-            "{what} {:?} is too long or contains NUL",
-            truncate(p)
-        )));
-    }
-    let path = Path::new(p);
-    if !path.is_absolute() {
-        return Err(Error::InvalidArgument(format!(
-            "{what} {p:?} is not absolute"
-        )));
-    }
-    // Path::components() drops inner `.`, so look at the raw segments.
-    if p.split('/').any(|seg| seg == "." || seg == "..") {
-        return Err(Error::InvalidArgument(format!(
-            "{what} {p:?} contains '.' or '..'"
-        )));
-    }
-    let rest = match path.strip_prefix(root) {
-        Ok(rest) if !rest.as_os_str().is_empty() => rest,
-        _ => {
+pub fn check_request_path(what: &'static str, root: &Path, p: &str) -> Result<PathBuf> {
+    RequestPath::parse(what, root, p)?.resolve()
+}
+
+/// A request's path that passed the checks that need no filesystem access
+/// ([`RequestPath::parse`]); [`RequestPath::resolve`] does the rest, inside the
+/// blocking call that then uses the path, so a handler pays one thread handoff
+/// for both.
+#[derive(Clone, Debug)]
+pub struct RequestPath {
+    what: &'static str,
+    root: PathBuf,
+    /// Below `root`, not empty, no `.`/`..` segments.
+    rest: PathBuf,
+}
+
+impl RequestPath {
+    /// Everything but the filesystem walk: empty, too long, NUL, relative,
+    /// `.`/`..`, or not below `root` are INVALID_ARGUMENT here.
+    pub fn parse(what: &'static str, root: &Path, p: &str) -> Result<RequestPath> {
+        if p.is_empty() {
+            return Err(Error::InvalidArgument(format!("{what} is required")));
+        }
+        if p.len() > MAX_PATH_LEN || p.contains('\0') {
             return Err(Error::InvalidArgument(format!(
-                "{what} {p:?} is not below the kubelet directory {root:?}"
-            )))
+                "{what} {:?} is too long or contains NUL",
+                truncate(p)
+            )));
         }
-    };
-    let mut cur = root.to_path_buf();
-    for comp in rest.components() {
-        cur.push(comp);
-        match fs::symlink_metadata(&cur) {
-            Ok(md) if md.file_type().is_symlink() => {
-                return Err(Error::InvalidArgument(format!(
-                    "{what} {p:?} goes through the symlink {cur:?}; symlinks are not followed"
-                )))
-            }
-            Ok(_) => {}
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => break,
-            Err(e) => return Err(Error::io(format!("inspecting {cur:?}"), e)),
+        let path = Path::new(p);
+        if !path.is_absolute() {
+            return Err(Error::InvalidArgument(format!(
+                "{what} {p:?} is not absolute"
+            )));
+        }
+        // Path::components() drops inner `.`, so look at the raw segments.
+        if p.split('/').any(|seg| seg == "." || seg == "..") {
+            return Err(Error::InvalidArgument(format!(
+                "{what} {p:?} contains '.' or '..'"
+            )));
+        }
+        match path.strip_prefix(root) {
+            Ok(rest) if !rest.as_os_str().is_empty() => Ok(RequestPath {
+                what,
+                root: root.to_path_buf(),
+                rest: rest.to_path_buf(),
+            }),
+            _ => Err(Error::InvalidArgument(format!(
+                "{what} {p:?} is not below the kubelet directory {root:?}"
+            ))),
         }
     }
-    // The mount table records resolved paths: below a symlinked root, the
-    // unresolved path would never be found mounted (so staging or publishing
-    // twice would stack mounts, and unmounting would find nothing).
-    let real_root =
-        fs::canonicalize(root).ctx(|| format!("resolving the kubelet directory {root:?}"))?;
-    Ok(real_root.join(rest))
+
+    /// The filesystem part (blocking): refuses a symlink anywhere below the
+    /// root and returns the path under the root's resolved location.
+    pub fn resolve(&self) -> Result<PathBuf> {
+        let (what, root) = (self.what, &self.root);
+        let mut cur = root.clone();
+        for comp in self.rest.components() {
+            cur.push(comp);
+            match fs::symlink_metadata(&cur) {
+                Ok(md) if md.file_type().is_symlink() => {
+                    return Err(Error::InvalidArgument(format!(
+                        "{what} {:?} goes through the symlink {cur:?}; symlinks are not followed",
+                        root.join(&self.rest)
+                    )))
+                }
+                Ok(_) => {}
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => break,
+                Err(e) => return Err(Error::io(format!("inspecting {cur:?}"), e)),
+            }
+        }
+        // The mount table records resolved paths: below a symlinked root, the
+        // unresolved path would never be found mounted (so staging or
+        // publishing twice would stack mounts, and unmounting would find
+        // nothing).
+        let real_root =
+            fs::canonicalize(root).ctx(|| format!("resolving the kubelet directory {root:?}"))?;
+        Ok(real_root.join(&self.rest))
+    }
 }
 
 /// Space and inode figures of the filesystem holding a path.

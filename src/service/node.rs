@@ -10,7 +10,7 @@ use crate::blockdev::{self, Content, FsType};
 use crate::csi;
 use crate::csi::node_service_capability::{rpc::Type as RpcType, Rpc, Type as CapType};
 use crate::error::{blocking, Error, Result};
-use crate::fsutil;
+use crate::fsutil::{self, RequestPath};
 use crate::ids::{check_text, truncate};
 use crate::mount::{parse_bind_flag, Location};
 use crate::nodeops;
@@ -29,8 +29,14 @@ impl NodeService {
     /// Decodes a staging or target path (INVALID_ARGUMENT when it is outside
     /// kubelet's directory or passes through a symlink).
     async fn path(&self, what: &'static str, p: &str) -> Result<PathBuf> {
-        let (root, p) = (self.driver.kubelet_dir.clone(), p.to_owned());
-        blocking(move || fsutil::check_request_path(what, &root, &p)).await
+        let rp = self.request_path(what, p)?;
+        blocking(move || rp.resolve()).await
+    }
+
+    /// The checks of [`NodeService::path`] that need no filesystem; the caller
+    /// resolves it in the blocking call that uses it (one handoff, not two).
+    fn request_path(&self, what: &'static str, p: &str) -> Result<RequestPath> {
+        RequestPath::parse(what, &self.driver.kubelet_dir, p)
     }
 
     /// Like [`NodeService::path`], and NOT_FOUND when nothing is there.
@@ -148,9 +154,7 @@ impl csi::node_server::Node for NodeService {
         let req = req.into_inner();
         rpc("NodeStageVolume", &req.volume_id, async {
             check_text("volume_id", &req.volume_id)?;
-            let staging = self
-                .path("staging_target_path", &req.staging_target_path)
-                .await?;
+            let staging = self.request_path("staging_target_path", &req.staging_target_path)?;
             if req.volume_capability.is_none() {
                 return Err(Error::InvalidArgument(
                     "volume_capability is required".into(),
@@ -166,18 +170,23 @@ impl csi::node_server::Node for NodeService {
             }
             match (src, vol.access_type) {
                 (Source::Directory(dir), _) => {
-                    blocking(move || nodeops::stage_dir(&dir, &staging)).await?;
+                    blocking(move || nodeops::stage_dir(&dir, &staging.resolve()?)).await?;
                 }
-                // Raw block volumes are published straight from the device.
-                (Source::Device(_), AccessType::Block) => {}
+                // Raw block volumes are published straight from the device;
+                // the staging path is only checked.
+                (Source::Device(_), AccessType::Block) => {
+                    blocking(move || staging.resolve()).await?;
+                }
                 (Source::Device(dev), AccessType::Mount) => {
-                    let (d, st) = (dev.clone(), staging.clone());
-                    let want = blocking(move || {
-                        nodeops::volume_location(&Source::Device(d), AccessType::Mount)
+                    let d = dev.clone();
+                    let (staging, staged) = blocking(move || {
+                        let staging = staging.resolve()?;
+                        let want = nodeops::volume_location(&Source::Device(d), AccessType::Mount)?;
+                        let staged = nodeops::is_staged(&staging, &want)?;
+                        Ok((staging, staged))
                     })
                     .await?;
-                    let w = want.clone();
-                    if blocking(move || nodeops::is_staged(&st, &w)).await? {
+                    if staged {
                         return Ok(csi::NodeStageVolumeResponse {});
                     }
                     let fs = prepare_filesystem(&dev, &cap, pool.default_fs_type()).await?;
@@ -211,13 +220,14 @@ impl csi::node_server::Node for NodeService {
         let req = req.into_inner();
         rpc("NodeUnstageVolume", &req.volume_id, async {
             check_text("volume_id", &req.volume_id)?;
-            let staging = self
-                .path("staging_target_path", &req.staging_target_path)
-                .await?;
+            let staging = self.request_path("staging_target_path", &req.staging_target_path)?;
             let (id, pool, vol) = self.driver.require("volume_id", &req.volume_id).await?;
             let _guard = self.driver.lock_volume(&id)?;
             let (src, access) = (pool.source(&vol).ok(), vol.access_type);
-            blocking(move || nodeops::unstage(&staging, src.as_ref().map(|s| (s, access)))).await?;
+            blocking(move || {
+                nodeops::unstage(&staging.resolve()?, src.as_ref().map(|s| (s, access)))
+            })
+            .await?;
             Ok(csi::NodeUnstageVolumeResponse {})
         })
         .await
@@ -230,7 +240,7 @@ impl csi::node_server::Node for NodeService {
         let req = req.into_inner();
         rpc("NodePublishVolume", &req.volume_id, async {
             check_text("volume_id", &req.volume_id)?;
-            let target = self.path("target_path", &req.target_path).await?;
+            let target = self.request_path("target_path", &req.target_path)?;
             if req.volume_capability.is_none() {
                 return Err(Error::InvalidArgument(
                     "volume_capability is required".into(),
@@ -247,15 +257,15 @@ impl csi::node_server::Node for NodeService {
                 if vol.inactive {
                     pool.activate(&vol).await?;
                 }
-                blocking(move || nodeops::publish_block(&dev, &target, read_only)).await?;
+                blocking(move || nodeops::publish_block(&dev, &target.resolve()?, read_only))
+                    .await?;
                 return Ok(csi::NodePublishVolumeResponse {});
             }
-            let staging = self
-                .path("staging_target_path", &req.staging_target_path)
-                .await?;
+            let staging = self.request_path("staging_target_path", &req.staging_target_path)?;
             let _guard = self.driver.lock_volume(&id)?;
             let access = vol.access_type;
             blocking(move || {
+                let (staging, target) = (staging.resolve()?, target.resolve()?);
                 nodeops::publish(&staging, &target, &src, access, read_only, opts.flags)
             })
             .await?;
@@ -271,9 +281,10 @@ impl csi::node_server::Node for NodeService {
         let req = req.into_inner();
         rpc("NodeUnpublishVolume", &req.volume_id, async {
             check_text("volume_id", &req.volume_id)?;
-            let target = self.path("target_path", &req.target_path).await?;
+            let target = self.request_path("target_path", &req.target_path)?;
             let found = self.driver.find("volume_id", &req.volume_id).await?;
             let Some((id, pool, vol)) = found else {
+                let target = blocking(move || target.resolve()).await?;
                 // Nothing left to attribute the target to. An empty target is
                 // idempotently gone; a mounted one is not ours to touch.
                 let t = target.clone();
@@ -291,8 +302,10 @@ impl csi::node_server::Node for NodeService {
             };
             let _guard = self.driver.lock_volume(&id)?;
             let (src, access) = (pool.source(&vol).ok(), vol.access_type);
-            blocking(move || nodeops::unpublish(&target, src.as_ref().map(|s| (s, access))))
-                .await?;
+            blocking(move || {
+                nodeops::unpublish(&target.resolve()?, src.as_ref().map(|s| (s, access)))
+            })
+            .await?;
             Ok(csi::NodeUnpublishVolumeResponse {})
         })
         .await
