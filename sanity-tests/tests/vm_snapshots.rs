@@ -718,9 +718,12 @@ async fn clone_is_independent(kind: Kind) {
     assert_eq!(c.capacity_bytes, size);
     assert_eq!(c.content_source, req.volume_content_source);
     assert_eq!(must_ok("clone again", f.create(req).await).volume_id, cid);
-    // Same name, other content: ALREADY_EXISTS. (A create of the clone's
-    // name WITHOUT a source answers with the clone today: the plain create
-    // path does not compare content sources; reported, not asserted here.)
+    // Same name, other content: ALREADY_EXISTS, also without any source.
+    must_fail(
+        "the clone's name without a content source",
+        f.create(new_req("clone", size, fs)).await,
+        Code::AlreadyExists,
+    );
     let other = must_ok("create other", f.create(new_req("other", size, fs)).await);
     must_fail(
         "the clone's name from another source",
@@ -1310,9 +1313,8 @@ async fn snapshot_ids(kind: Kind) {
     // Well-formed ids that name nothing: deletes succeed, restores NOT_FOUND.
     for unknown in [
         format!("{pool}.{}", "f".repeat(32)),
-        // (`nopool.<hex>` is left out: a restore from a snapshot id naming
-        // a pool this node lacks is INVALID_ARGUMENT today, where the spec
-        // says NOT_FOUND; reported.)
+        // A pool this node lacks: nothing there exists here.
+        format!("nopool.{}", "f".repeat(32)),
         format!("{pool}.$(reboot) sn-x;rm -rf"),
         // A volume's id is no snapshot id (and the volume must survive).
         vid.clone(),
@@ -1415,6 +1417,11 @@ async fn pools_overflowing(kind: Kind) {
                 sn.attr.chars().nth(4),
                 Some('I'),
                 "the overflowed snapshot is not invalid: {sn:?}"
+            );
+            let listed = must_ok("list", f.list_snapshots(&snap.snapshot_id, "").await);
+            assert!(
+                listed.len() == 1 && !listed[0].ready_to_use,
+                "an invalid snapshot is listed as ready: {listed:?}"
             );
             let s = must_fail(
                 "restore from an invalidated snapshot",

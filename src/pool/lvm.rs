@@ -195,6 +195,7 @@ impl LvmPool {
             source_volume_id: lv.tag_value(TAG_SOURCE)?.to_owned(),
             size_bytes: lv.tag_value(TAG_SIZE)?.parse().ok()?,
             created_unix: lv.created_unix,
+            ready: !is_invalid_cow(lv),
         })
     }
 
@@ -225,9 +226,7 @@ impl LvmPool {
                 match (lv, snap) {
                     // A COW snapshot whose area overflowed: dm-snapshot
                     // dropped it, its reads fail.
-                    (Some(lv), Some(_))
-                        if lv.is_cow_snapshot() && lv.attr.chars().nth(4) == Some('I') =>
-                    {
+                    (Some(_), Some(snap)) if !snap.ready => {
                         Err(Error::FailedPrecondition(format!(
                             "snapshot {id} is invalid: its copy-on-write space (snapshotSize) \
                              filled up; it cannot be restored"
@@ -731,6 +730,12 @@ fn size_in_extents(range: CapacityRange, default: u64, extent: u64) -> Result<u6
     Ok(size)
 }
 
+/// A COW snapshot whose area overflowed: dm-snapshot dropped it, and its
+/// reads fail (`I` in the state column of lv_attr).
+fn is_invalid_cow(lv: &LvInfo) -> bool {
+    lv.is_cow_snapshot() && lv.attr.chars().nth(4) == Some('I')
+}
+
 fn round_down(v: u64, unit: u64) -> u64 {
     v.checked_div(unit).map_or(v, |n| n * unit)
 }
@@ -820,6 +825,15 @@ impl Pool for LvmPool {
         }
         let encoded_name = lvm::encode_tag_value(req.name.as_str());
         if let Some(mut lv) = self.lookup(&req.id.key).await? {
+            if self.is_ours(&lv) && lv.tag_value(TAG_SOURCE).is_some() {
+                // A restore or clone (complete or not) is not the empty
+                // volume this request asks for.
+                return Err(Error::AlreadyExists(format!(
+                    "volume {:?} already exists, made from {}; this request has no content source",
+                    req.name.as_str(),
+                    lv.tag_value(TAG_SOURCE).unwrap_or_default()
+                )));
+            }
             if self.is_ours(&lv)
                 && lv.has_tag(TAG_CREATING)
                 && lv.tag_value(TAG_NAME) == Some(encoded_name.as_str())

@@ -117,6 +117,9 @@ pub struct Snapshot {
     /// Size of the source volume when the snapshot was taken.
     pub size_bytes: u64,
     pub created_unix: u64,
+    /// False when the snapshot can no longer be restored (a thick snapshot
+    /// whose copy-on-write space filled up).
+    pub ready: bool,
 }
 
 /// A validated CreateSnapshot.

@@ -146,7 +146,7 @@ fn snapshot_to_csi(s: &Snapshot) -> csi::Snapshot {
             seconds: to_i64(s.created_unix),
             nanos: 0,
         }),
-        ready_to_use: true,
+        ready_to_use: s.ready,
         group_snapshot_id: String::new(),
     }
 }
@@ -220,6 +220,14 @@ impl csi::controller_server::Controller for ControllerService {
                 .clone()
                 .or(source_pool)
                 .unwrap_or_else(|| d.pools.default_pool().clone());
+            // A source in a pool this node lacks names nothing that exists here.
+            if let (Some((kind, ParsedId::Volume(src))), None) =
+                (&content, d.pools.get(&pool_name))
+            {
+                if params.pool.is_none() {
+                    return Err(Error::NotFound(format!("{kind} {src} does not exist")));
+                }
+            }
             let pool = d.pools.require(&pool_name)?.clone();
             let access_type = access_type_of(&caps, pool.as_ref())?;
             self.check_topology(req.accessibility_requirements.as_ref())?;

@@ -182,11 +182,19 @@ impl csi::node_server::Node for NodeService {
                     let (staging, staged) = blocking(move || {
                         let staging = staging.resolve()?;
                         let want = nodeops::volume_location(&Source::Device(d), AccessType::Mount)?;
-                        let staged = nodeops::is_staged(&staging, &want)?;
+                        let staged = match nodeops::is_staged(&staging, &want)? {
+                            true => nodeops::fs_type_at(&staging)?,
+                            false => None,
+                        };
                         Ok((staging, staged))
                     })
                     .await?;
-                    if staged {
+                    if let Some(fs) = staged {
+                        // A retry after the grow below failed: grow it now.
+                        if vol.grow_filesystem {
+                            blockdev::grow_fs(&dev, &staging, FsType::parse(&fs)?).await?;
+                            pool.filesystem_grown(&vol).await?;
+                        }
                         return Ok(csi::NodeStageVolumeResponse {});
                     }
                     let fs = prepare_filesystem(&dev, &cap, pool.default_fs_type()).await?;
