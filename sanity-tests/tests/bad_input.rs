@@ -349,6 +349,17 @@ async fn every_rpc_refuses_dangerous_volume_ids() {
             })
             .await;
         f.expect(&format!("NodeExpandVolume {what}"), r, ia);
+        // A path that does not exist is NOT_FOUND, but a bad id comes first.
+        let r = n.node_get_volume_stats(stats_req(&id, &other_target)).await;
+        f.expect(&format!("NodeGetVolumeStats {what}, missing path"), r, ia);
+        let r = n
+            .node_expand_volume(csi::NodeExpandVolumeRequest {
+                volume_id: id.clone(),
+                volume_path: path_str(&other_target),
+                ..Default::default()
+            })
+            .await;
+        f.expect(&format!("NodeExpandVolume {what}, missing path"), r, ia);
         assert!(
             !f.d.staging_path("other").exists(),
             "{what}: staging dir created"

@@ -40,10 +40,11 @@ impl NodeService {
     }
 
     /// Like [`NodeService::path`], and NOT_FOUND when nothing is there.
-    async fn existing_path(&self, what: &'static str, p: &str) -> Result<PathBuf> {
-        let (root, p) = (self.driver.kubelet_dir.clone(), p.to_owned());
+    /// Call it after every other argument is decoded: a missing path is
+    /// NOT_FOUND, which must not mask an invalid one.
+    async fn existing_path(&self, what: &'static str, rp: RequestPath) -> Result<PathBuf> {
         blocking(move || {
-            let path = fsutil::check_request_path(what, &root, &p)?;
+            let path = rp.resolve()?;
             match std::fs::symlink_metadata(&path) {
                 Ok(_) => Ok(path),
                 Err(_) => Err(Error::NotFound(format!("{what} {path:?} does not exist"))),
@@ -326,8 +327,9 @@ impl csi::node_server::Node for NodeService {
         let req = req.into_inner();
         rpc("NodeGetVolumeStats", &req.volume_id, async {
             check_text("volume_id", &req.volume_id)?;
-            let path = self.existing_path("volume_path", &req.volume_path).await?;
+            let path = self.request_path("volume_path", &req.volume_path)?;
             let (_, pool, vol) = self.driver.require("volume_id", &req.volume_id).await?;
+            let path = self.existing_path("volume_path", path).await?;
             let usage = pool.usage(&vol).await?;
             let mut condition = pool.condition(&vol).await?;
             if condition.is_none() {
@@ -403,7 +405,7 @@ impl csi::node_server::Node for NodeService {
         let req = req.into_inner();
         rpc("NodeExpandVolume", &req.volume_id, async {
             check_text("volume_id", &req.volume_id)?;
-            let path = self.existing_path("volume_path", &req.volume_path).await?;
+            let path = self.request_path("volume_path", &req.volume_path)?;
             let staging = match req.staging_target_path.as_str() {
                 "" => None,
                 s => Some(self.path("staging_target_path", s).await?),
@@ -413,6 +415,7 @@ impl csi::node_server::Node for NodeService {
             if let Some(c) = req.volume_capability.as_ref() {
                 node_capability(Some(c), &vol)?;
             }
+            let path = self.existing_path("volume_path", path).await?;
             let _guard = self.driver.lock_volume(&id)?;
             // The volume lives here, so the node applies the size: this is what
             // makes a central resizer work, whose ControllerExpandVolume may run
