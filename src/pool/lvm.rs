@@ -9,7 +9,7 @@
 //! making a second one.
 
 use std::collections::HashMap;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
 use futures::future::{BoxFuture, FutureExt, Shared};
@@ -355,9 +355,15 @@ impl LvmPool {
                 .lock()
                 .expect("copies lock poisoned")
                 .contains_key(&name);
-            if lv.open && !ours {
+            let target = format!("of=/dev/{}", self.lv_path(&name));
+            let running = !ours && {
+                let t = target.clone();
+                crate::error::blocking(move || Ok(copy_running(Path::new("/proc"), &t))).await?
+            };
+            if !ours && (lv.open || running) {
                 // A hidden LV is opened by nothing but a copy, and not by
-                // one of this process: a copy a killed driver left running.
+                // one of this process: a copy a killed driver left running
+                // (`running` also sees one that has not opened it yet).
                 // A second writer could end after this one and overwrite
                 // what the volume's user wrote meanwhile: wait for it.
                 return Err(Error::Aborted(format!(
@@ -728,6 +734,28 @@ fn size_in_extents(range: CapacityRange, default: u64, extent: u64) -> Result<u6
         )));
     }
     Ok(size)
+}
+
+/// Whether a `dd` with the argument `target` (`of=/dev/VG/LV`) runs, as seen
+/// in `proc`'s `<pid>/cmdline` files: a copy a killed driver left behind.
+fn copy_running(proc: &Path, target: &str) -> bool {
+    let Ok(entries) = std::fs::read_dir(proc) else {
+        return false;
+    };
+    entries.flatten().any(|e| {
+        let is_pid = e
+            .file_name()
+            .to_str()
+            .is_some_and(|n| n.bytes().all(|b| b.is_ascii_digit()));
+        is_pid
+            && std::fs::read(e.path().join("cmdline")).is_ok_and(|c| {
+                let mut args = c.split(|&b| b == 0);
+                let is_dd = args
+                    .next()
+                    .is_some_and(|a0| a0 == b"dd" || a0.ends_with(b"/dd"));
+                is_dd && args.any(|a| a == target.as_bytes())
+            })
+    })
 }
 
 /// A COW snapshot whose area overflowed: dm-snapshot dropped it, and its
@@ -1215,6 +1243,28 @@ mod tests {
 
     fn sized(required: u64, limit: u64) -> Result<u64> {
         size_in_extents(CapacityRange { required, limit }, 1024 * MI, 4 * MI)
+    }
+
+    #[test]
+    fn a_leftover_copy_is_found_by_its_target() {
+        let proc = tempfile::tempdir().unwrap();
+        let pid = |n: &str, cmdline: &[u8]| {
+            std::fs::create_dir(proc.path().join(n)).unwrap();
+            std::fs::write(proc.path().join(n).join("cmdline"), cmdline).unwrap();
+        };
+        pid("self", b"dd\0of=/dev/vg/lv-a\0");
+        pid(
+            "12",
+            b"/usr/bin/dd\0if=/dev/vg/sn-b\0of=/dev/vg/lv-b\0bs=4M\0",
+        );
+        pid("13", b"cat\0of=/dev/vg/lv-c\0");
+        pid("14", b"");
+        let t = proc.path();
+        assert!(copy_running(t, "of=/dev/vg/lv-b"));
+        assert!(!copy_running(t, "of=/dev/vg/lv-a"), "not a pid dir");
+        assert!(!copy_running(t, "of=/dev/vg/lv-c"), "not dd");
+        assert!(!copy_running(t, "of=/dev/vg/lv-bb"));
+        assert!(!copy_running(&t.join("missing"), "of=/dev/vg/lv-b"));
     }
 
     #[test]
