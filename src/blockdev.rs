@@ -138,7 +138,7 @@ pub fn device_size(dev: &Path) -> Result<u64> {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use std::process::Command;
 
@@ -162,13 +162,13 @@ mod tests {
         );
     }
 
-    /// A loop device over a sparse file, detached on drop.
-    struct Loop {
-        dev: std::path::PathBuf,
+    /// A loop device over a sparse file, detached on drop (needs root).
+    pub(crate) struct Loop {
+        pub(crate) dev: std::path::PathBuf,
         _dir: tempfile::TempDir,
     }
     impl Loop {
-        fn new(size: u64) -> Self {
+        pub(crate) fn new(size: u64) -> Self {
             let dir = tempfile::tempdir().unwrap();
             let img = dir.path().join("img");
             File::create(&img).unwrap().set_len(size).unwrap();

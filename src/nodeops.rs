@@ -246,10 +246,15 @@ fn expected_location(
 /// this call's reading: it lists every mount stacked at `path`, so each layer
 /// is checked against it before it is unmounted and nothing needs reading
 /// again after the unmounts.
-fn unmount_all(table: &MountTable, path: &Path, expected: Option<&Location>) -> Result<()> {
+/// `expected`: the volume's possible locations (None: anything goes).
+fn unmount_all(table: &MountTable, path: &Path, expected: Option<&[Location]>) -> Result<()> {
     for m in table.stack_at(path).take(MAX_STACKED) {
         if let Some(exp) = expected {
-            if m.location() != *exp && !is_deleted_copy(&m.location(), exp) {
+            let found = m.location();
+            if !exp
+                .iter()
+                .any(|e| found == *e || is_deleted_copy(&found, e))
+            {
                 return Err(Error::FailedPrecondition(format!(
                     "{path:?} has a mount that is not this volume ({}:{:?}); not unmounting it",
                     m.dev, m.root
@@ -283,7 +288,43 @@ fn is_deleted_copy(found: &Location, exp: &Location) -> bool {
 pub fn unstage(staging: &Path, volume: Option<(&Source, AccessType)>) -> Result<()> {
     let table = MountTable::read()?;
     let expected = expected_location(&table, volume);
-    unmount_all(&table, staging, expected.as_ref())
+    unmount_all(&table, staging, expected.as_ref().map(std::slice::from_ref))
+}
+
+/// Where a device volume's mounts can be, known only by its device path:
+/// its filesystem (mount access) or a bind of its node (block access).
+/// None when `dev` is no block device (an inactive or missing LV): then the
+/// caller must look the volume up to know what to expect.
+fn device_locations(table: &MountTable, dev: &Path) -> Option<Vec<Location>> {
+    let src = Source::Device(dev.to_path_buf());
+    let fs = locate_volume(table, &src, AccessType::Mount).ok()?;
+    let mut all = vec![fs];
+    all.extend(locate_volume(table, &src, AccessType::Block).ok());
+    Some(all)
+}
+
+/// [`unstage`] of a device volume by its device path alone (no lookup of its
+/// access type). `Ok(false)`, having done nothing, when the device is not
+/// there.
+pub fn unstage_device(staging: &Path, dev: &Path) -> Result<bool> {
+    let table = MountTable::read()?;
+    let Some(expected) = device_locations(&table, dev) else {
+        return Ok(false);
+    };
+    unmount_all(&table, staging, Some(&expected))?;
+    Ok(true)
+}
+
+/// [`unpublish`] of a device volume by its device path alone, like
+/// [`unstage_device`].
+pub fn unpublish_device(target: &Path, dev: &Path) -> Result<bool> {
+    let table = MountTable::read()?;
+    let Some(expected) = device_locations(&table, dev) else {
+        return Ok(false);
+    };
+    unmount_all(&table, target, Some(&expected))?;
+    remove_target(target)?;
+    Ok(true)
 }
 
 /// Binds the staged volume (`src`, located in the mount table) onto `target`,
@@ -346,7 +387,12 @@ pub fn publish(
 pub fn unpublish(target: &Path, volume: Option<(&Source, AccessType)>) -> Result<()> {
     let table = MountTable::read()?;
     let expected = expected_location(&table, volume);
-    unmount_all(&table, target, expected.as_ref())?;
+    unmount_all(&table, target, expected.as_ref().map(std::slice::from_ref))?;
+    remove_target(target)
+}
+
+/// Removes an unmounted target path, never recursively.
+fn remove_target(target: &Path) -> Result<()> {
     // A directory (mount volumes) or a file (raw block volumes): rmdir first,
     // which never removes anything but an empty directory.
     match fs::remove_dir(target) {
@@ -364,4 +410,70 @@ pub fn is_mount_of(path: &Path, loc: &Location) -> Result<bool> {
     Ok(MountTable::read()?
         .at(path)
         .is_some_and(|m| m.location() == *loc))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::blockdev::{self, tests::Loop, FsType};
+
+    /// Unstage/unpublish by device path alone: both forms of a volume's
+    /// mounts go, a missing device does nothing (the caller looks it up), and
+    /// another volume's mount is never touched. Real mounts: needs root.
+    #[tokio::test]
+    async fn unmounts_by_device_only_what_is_the_devices() {
+        let (lo, other) = (Loop::new(64 << 20), Loop::new(64 << 20));
+        for l in [&lo, &other] {
+            blockdev::format_if_blank(&l.dev, FsType::Ext4)
+                .await
+                .unwrap();
+        }
+        let dir = tempfile::tempdir().unwrap();
+        let (staging, target, block) = (
+            dir.path().join("staging"),
+            dir.path().join("target"),
+            dir.path().join("block"),
+        );
+        fs::create_dir(&staging).unwrap();
+        let none = MountFlags::empty();
+        stage_device(&lo.dev, &staging, "ext4", none, "").unwrap();
+        publish(
+            &staging,
+            &target,
+            &Source::Device(lo.dev.clone()),
+            AccessType::Mount,
+            false,
+            none,
+        )
+        .unwrap();
+        publish_block(&lo.dev, &block, false).unwrap();
+        let mounted = |p: &Path| MountTable::read().unwrap().at(p).is_some();
+        assert!(mounted(&staging) && mounted(&target) && mounted(&block));
+
+        // Another device's name: its mounts are not these. Nothing changes.
+        for p in [&target, &block] {
+            let e = unpublish_device(p, &other.dev).unwrap_err();
+            assert!(matches!(e, Error::FailedPrecondition(_)), "{e:?}");
+            assert!(mounted(p));
+        }
+        assert!(matches!(
+            unstage_device(&staging, &other.dev),
+            Err(Error::FailedPrecondition(_))
+        ));
+        // No such device: nothing is done, the caller must look it up.
+        let missing = dir.path().join("no-such-device");
+        assert!(!unpublish_device(&target, &missing).unwrap());
+        assert!(!unstage_device(&staging, &missing).unwrap());
+        assert!(mounted(&target) && mounted(&staging));
+
+        // The right device: a filesystem bind and a node bind both go, and
+        // the target paths with them; repeats are OK.
+        for _ in 0..2 {
+            assert!(unpublish_device(&target, &lo.dev).unwrap());
+            assert!(unpublish_device(&block, &lo.dev).unwrap());
+        }
+        assert!(!target.exists() && !block.exists());
+        assert!(unstage_device(&staging, &lo.dev).unwrap());
+        assert!(!mounted(&staging) && staging.exists());
+    }
 }

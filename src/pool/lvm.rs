@@ -1077,6 +1077,13 @@ impl Pool for LvmPool {
         true
     }
 
+    fn device_of(&self, id: &VolumeId) -> Option<PathBuf> {
+        Some(PathBuf::from(format!(
+            "/dev/{}",
+            self.lv_path(&lv_name(&id.key))
+        )))
+    }
+
     async fn activate(&self, vol: &Volume) -> Result<()> {
         let key = volume_key(vol)?;
         // --ignoreactivationskip: a volume must come up even if its LV was

@@ -204,6 +204,12 @@ pub trait Pool: Send + Sync {
     async fn condition(&self, _vol: &Volume) -> Result<Option<String>> {
         Ok(None)
     }
+    /// The device a volume of this pool is on, from its id alone, for node
+    /// calls that need nothing else (unstage, unpublish: the mount table
+    /// tells the rest). None: look the volume up.
+    fn device_of(&self, _id: &VolumeId) -> Option<PathBuf> {
+        None
+    }
     /// Makes a volume whose `inactive` was set usable on this node.
     async fn activate(&self, _vol: &Volume) -> Result<()> {
         Ok(())

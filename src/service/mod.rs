@@ -104,6 +104,17 @@ impl Driver {
             .try_lock(id.key.as_str(), &format!("snapshot {id}"))
     }
 
+    /// For unstage and unpublish: the id and device of a volume whose pool
+    /// names its device from the id alone (LVM), saving a lookup (an `lvs`
+    /// run). `Ok(None)`: use [`Driver::find`]. Bad ids are INVALID_ARGUMENT.
+    pub fn device_of(&self, what: &str, raw: &str) -> Result<Option<(VolumeId, PathBuf)>> {
+        let ParsedId::Volume(id) = VolumeId::parse(what, raw)? else {
+            return Ok(None);
+        };
+        let dev = self.pools.get(&id.pool).and_then(|p| p.device_of(&id));
+        Ok(dev.map(|d| (id, d)))
+    }
+
     /// Like [`Driver::find`], NOT_FOUND when missing.
     pub async fn require(
         &self,

@@ -230,6 +230,14 @@ impl csi::node_server::Node for NodeService {
         rpc("NodeUnstageVolume", &req.volume_id, async {
             check_text("volume_id", &req.volume_id)?;
             let staging = self.request_path("staging_target_path", &req.staging_target_path)?;
+            // LVM: the device follows from the id, so no `lvs` when it is there.
+            if let Some((id, dev)) = self.driver.device_of("volume_id", &req.volume_id)? {
+                let _guard = self.driver.lock_volume(&id)?;
+                let st = staging.clone();
+                if blocking(move || nodeops::unstage_device(&st.resolve()?, &dev)).await? {
+                    return Ok(csi::NodeUnstageVolumeResponse {});
+                }
+            }
             let (id, pool, vol) = self.driver.require("volume_id", &req.volume_id).await?;
             let _guard = self.driver.lock_volume(&id)?;
             let (src, access) = (pool.source(&vol).ok(), vol.access_type);
@@ -291,6 +299,14 @@ impl csi::node_server::Node for NodeService {
         rpc("NodeUnpublishVolume", &req.volume_id, async {
             check_text("volume_id", &req.volume_id)?;
             let target = self.request_path("target_path", &req.target_path)?;
+            // LVM: the device follows from the id, so no `lvs` when it is there.
+            if let Some((id, dev)) = self.driver.device_of("volume_id", &req.volume_id)? {
+                let _guard = self.driver.lock_volume(&id)?;
+                let t = target.clone();
+                if blocking(move || nodeops::unpublish_device(&t.resolve()?, &dev)).await? {
+                    return Ok(csi::NodeUnpublishVolumeResponse {});
+                }
+            }
             let found = self.driver.find("volume_id", &req.volume_id).await?;
             let Some((id, pool, vol)) = found else {
                 let target = blocking(move || target.resolve()).await?;
