@@ -19,6 +19,7 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use localvol::csi;
+use sanity_tests::LvmKind as Kind;
 use sanity_tests::*;
 use tonic::{Code, Status};
 
@@ -31,68 +32,6 @@ const THIN_RATIO: f64 = 2.0;
 const EXTENT: i64 = 4 * MI;
 /// mkfs.xfs refuses filesystems below 300 MiB.
 const XFS_SIZE: i64 = 320 * MI;
-
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Kind {
-    Thick,
-    Thin,
-}
-
-/// Makes each scenario one test that runs it against a thick pool and a thin
-/// pool at once (each on its own VG and driver): lvm commands are slow under
-/// TCG, and the VM has two vCPUs.
-/// The tests are `thick_and_thin::<scenario>`.
-macro_rules! thick_and_thin {
-    ($($scenario:ident),* $(,)?) => {
-        mod thick_and_thin {
-            use super::both;
-            $(
-                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-                #[ignore = "needs device-mapper: run by make test-vm in the VM"]
-                async fn $scenario() {
-                    both(stringify!($scenario), super::$scenario).await
-                }
-            )*
-        }
-    };
-}
-
-/// Runs `scenario` for both kinds concurrently; fails (naming the kind and
-/// its panic) when either failed. Prints how long each took (shown with
-/// `--nocapture`; the total VM time is budgeted).
-async fn both<F, Fut>(name: &str, scenario: F)
-where
-    F: Fn(Kind) -> Fut,
-    Fut: std::future::Future<Output = ()> + Send + 'static,
-{
-    let runs: Vec<_> = [Kind::Thick, Kind::Thin]
-        .into_iter()
-        .map(|kind| {
-            let (label, run) = (format!("{name}::{kind:?}"), scenario(kind));
-            let task = tokio::spawn(async move {
-                let start = Instant::now();
-                run.await;
-                eprintln!("vm_lvm: {label} took {:.1?}", start.elapsed());
-            });
-            (kind, task)
-        })
-        .collect();
-    let mut failed = Vec::new();
-    for (kind, task) in runs {
-        if let Err(e) = task.await {
-            let why = match e.try_into_panic() {
-                Ok(p) => p
-                    .downcast_ref::<String>()
-                    .cloned()
-                    .or_else(|| p.downcast_ref::<&str>().map(|s| s.to_string()))
-                    .unwrap_or_else(|| "panicked".into()),
-                Err(e) => e.to_string(),
-            };
-            failed.push(format!("{kind:?}: {why}"));
-        }
-    }
-    assert!(failed.is_empty(), "{name} failed:\n{}", failed.join("\n"));
-}
 
 thick_and_thin!(
     conformance,
@@ -142,7 +81,7 @@ impl Fx {
         };
         let opts = change(opts.reserve("64Mi"));
         let mut d = Driver::new(DriverOpts::with_lvm_pools(vec![opts]));
-        start(&mut d).await;
+        d.start_again_retrying().await;
         Fx {
             d,
             vg,
@@ -256,29 +195,6 @@ impl Fx {
     }
 }
 
-/// Starts (again) a driver. Its readiness Probe runs lvm, and the harness
-/// gives each Probe 2 s, which a loaded VM (TCG) can miss: try three times.
-async fn start(d: &mut Driver) {
-    let mut why = String::new();
-    for attempt in 1..=3 {
-        match d.try_start_again().await {
-            Ok(()) => return,
-            Err(e) => {
-                eprintln!("vm_lvm: driver start attempt {attempt} failed: {e}");
-                why = e;
-            }
-        }
-    }
-    panic!("the driver did not start: {why}");
-}
-
-fn lv_name(volume_id: &str) -> String {
-    let (_, key) = volume_id
-        .rsplit_once('.')
-        .unwrap_or_else(|| panic!("{volume_id:?} is not a localvol volume id"));
-    format!("lv-{key}")
-}
-
 fn sorted(mut v: Vec<String>) -> Vec<String> {
     v.sort();
     v
@@ -338,29 +254,6 @@ async fn publish_cap(
         .node_publish_volume(req)
         .await
         .map(|r| r.into_inner())
-}
-
-/// Unwraps a result whose `Response` was already taken apart.
-#[track_caller]
-fn must<T>(what: &str, r: Result<T, Status>) -> T {
-    r.unwrap_or_else(|s| panic!("{what}: expected OK, got {:?}: {}", s.code(), s.message()))
-}
-
-#[track_caller]
-fn must_fail<T: std::fmt::Debug>(what: &str, r: Result<T, Status>, want: Code) -> Status {
-    match r {
-        Ok(v) => panic!("{what}: expected {want:?}, got OK: {v:?}"),
-        Err(s) => {
-            assert_eq!(
-                s.code(),
-                want,
-                "{what}: got {:?}: {}",
-                s.code(),
-                s.message()
-            );
-            s
-        }
-    }
 }
 
 /// `blkid -p` of one tag (TYPE, UUID); None when the device holds no signature.
@@ -895,7 +788,7 @@ async fn lifecycle_with_data(kind: Kind) {
     // A clean restart while published.
     let status = f.d.stop().await;
     assert!(status.success(), "SIGTERM: {status}");
-    start(&mut f.d).await;
+    f.d.start_again_retrying().await;
     assert_file(&target, "file.txt", b"first write");
     write_file(&target, "second.txt", b"after restart").unwrap();
     f.d.publish(&id, &staging, &target, false).await; // idempotent after a restart
@@ -906,7 +799,7 @@ async fn lifecycle_with_data(kind: Kind) {
     let staging = f.d.staging_path("life-3");
     f.d.stage(&id, &staging).await;
     f.d.kill9();
-    start(&mut f.d).await;
+    f.d.start_again_retrying().await;
     f.d.stage(&id, &staging).await; // idempotent after a crash
     assert_file(&staging, "file.txt", b"first write");
     assert_file(&staging, "second.txt", b"after restart");
@@ -919,7 +812,7 @@ async fn lifecycle_with_data(kind: Kind) {
     f.d.stop().await;
     lvchange(&f.vg, &id, "-an");
     assert!(!dev.exists(), "an inactive LV has no device node");
-    start(&mut f.d).await;
+    f.d.start_again_retrying().await;
     let staging = f.d.staging_path("life-4");
     f.d.stage(&id, &staging).await;
     let attr = f.lv(&id).unwrap().attr;
@@ -1239,16 +1132,6 @@ fn find_lvcreate(pool: &str, csi_name: &str) -> Option<(i32, String)> {
     None
 }
 
-/// Whether a process is gone (or a zombie).
-fn exited(pid: i32) -> bool {
-    match fs::read_to_string(format!("/proc/{pid}/stat")) {
-        Err(_) => true,
-        Ok(s) => s
-            .rsplit_once(") ")
-            .is_some_and(|(_, rest)| rest.starts_with('Z')),
-    }
-}
-
 fn sigkill(pid: i32) {
     let _ = nix::sys::signal::kill(
         nix::unistd::Pid::from_raw(pid),
@@ -1338,7 +1221,7 @@ async fn crash_mid_create(kind: Kind) {
         let req = sized(name, size, 0, fs_cap(""));
         let what = kill_during_create(&mut f, &req, with_lvm).await;
         eprintln!("crash_mid_create {kind:?} {name}: {what}");
-        start(&mut f.d).await;
+        f.d.start_again_retrying().await;
         let v = must(
             &format!("{name}: CreateVolume retried after a crash ({what})"),
             f.create(req.clone()).await,

@@ -14,6 +14,7 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use localvol::csi;
+use sanity_tests::LvmKind as Kind;
 use sanity_tests::*;
 use tonic::{Code, Status};
 
@@ -22,65 +23,6 @@ const GIB: u64 = 1 << 30;
 const XFS_SIZE: i64 = 320 * MI;
 /// Space for a thick snapshot's copy-on-write changes.
 const COW: &str = "32Mi";
-
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Kind {
-    Thick,
-    Thin,
-}
-
-/// Each scenario is one test running it against a thick and a thin pool at
-/// once (lvm is slow under TCG; the VM has two vCPUs): `thick_and_thin::<scenario>`.
-macro_rules! thick_and_thin {
-    ($($scenario:ident),* $(,)?) => {
-        mod thick_and_thin {
-            use super::both;
-            $(
-                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-                #[ignore = "needs device-mapper: run by make test-vm in the VM"]
-                async fn $scenario() {
-                    both(stringify!($scenario), super::$scenario).await
-                }
-            )*
-        }
-    };
-}
-
-/// Runs `scenario` for both kinds concurrently; fails naming the kind(s) and
-/// the panic when either failed.
-async fn both<F, Fut>(name: &str, scenario: F)
-where
-    F: Fn(Kind) -> Fut,
-    Fut: std::future::Future<Output = ()> + Send + 'static,
-{
-    let runs: Vec<_> = [Kind::Thick, Kind::Thin]
-        .into_iter()
-        .map(|kind| {
-            let (label, run) = (format!("{name}::{kind:?}"), scenario(kind));
-            let task = tokio::spawn(async move {
-                let start = Instant::now();
-                run.await;
-                eprintln!("vm_snapshots: {label} took {:.1?}", start.elapsed());
-            });
-            (kind, task)
-        })
-        .collect();
-    let mut failed = Vec::new();
-    for (kind, task) in runs {
-        if let Err(e) = task.await {
-            let why = match e.try_into_panic() {
-                Ok(p) => p
-                    .downcast_ref::<String>()
-                    .cloned()
-                    .or_else(|| p.downcast_ref::<&str>().map(|s| s.to_string()))
-                    .unwrap_or_else(|| "panicked".into()),
-                Err(e) => e.to_string(),
-            };
-            failed.push(format!("{kind:?}: {why}"));
-        }
-    }
-    assert!(failed.is_empty(), "{name} failed:\n{}", failed.join("\n"));
-}
 
 thick_and_thin!(
     snapshot_restore,
@@ -126,7 +68,7 @@ impl Fx {
             }
         };
         let mut d = Driver::new(DriverOpts::with_lvm_pools(vec![opts.reserve("64Mi")]));
-        start(&mut d).await;
+        d.start_again_retrying().await;
         Fx {
             d,
             vg,
@@ -272,13 +214,13 @@ impl Fx {
         let target = self.d.target_path(tag);
         let mut req = stage_req(id, &staging);
         req.volume_capability = Some(cap.clone());
-        must(
+        ok(
             &format!("stage {tag}"),
             self.d.node().node_stage_volume(req).await,
         );
         let mut req = publish_req(id, &staging, &target, false);
         req.volume_capability = Some(cap);
-        must(
+        ok(
             &format!("publish {tag}"),
             self.d.node().node_publish_volume(req).await,
         );
@@ -298,29 +240,6 @@ impl Fx {
             self.lv_names()
         );
     }
-}
-
-/// Starts (again) the driver; its readiness Probe runs lvm and may miss the
-/// harness's 2 s under TCG: three tries.
-async fn start(d: &mut Driver) {
-    let mut why = String::new();
-    for attempt in 1..=3 {
-        match d.try_start_again().await {
-            Ok(()) => return,
-            Err(e) => {
-                eprintln!("vm_snapshots: driver start attempt {attempt} failed: {e}");
-                why = e;
-            }
-        }
-    }
-    panic!("the driver did not start: {why}");
-}
-
-fn lv_name(volume_id: &str) -> String {
-    let (_, key) = volume_id
-        .rsplit_once('.')
-        .unwrap_or_else(|| panic!("{volume_id:?} is not a localvol id"));
-    format!("lv-{key}")
 }
 
 fn snap_lv_name(snapshot_id: &str) -> String {
@@ -373,36 +292,6 @@ fn new_req(name: &str, bytes: i64, fs: &str) -> csi::CreateVolumeRequest {
         capacity_range: Some(range(bytes, 0)),
         volume_capabilities: vec![cap_for(fs)],
         ..Default::default()
-    }
-}
-
-#[track_caller]
-fn must<T>(what: &str, r: Result<tonic::Response<T>, Status>) -> T {
-    match r {
-        Ok(r) => r.into_inner(),
-        Err(s) => panic!("{what}: expected OK, got {:?}: {}", s.code(), s.message()),
-    }
-}
-
-#[track_caller]
-fn must_ok<T>(what: &str, r: Result<T, Status>) -> T {
-    r.unwrap_or_else(|s| panic!("{what}: expected OK, got {:?}: {}", s.code(), s.message()))
-}
-
-#[track_caller]
-fn must_fail<T: std::fmt::Debug>(what: &str, r: Result<T, Status>, want: Code) -> Status {
-    match r {
-        Ok(v) => panic!("{what}: expected {want:?}, got OK: {v:?}"),
-        Err(s) => {
-            assert_eq!(
-                s.code(),
-                want,
-                "{what}: got {:?}: {}",
-                s.code(),
-                s.message()
-            );
-            s
-        }
     }
 }
 
@@ -508,7 +397,7 @@ fn fs_total(path: &Path) -> i64 {
 
 /// NodeGetVolumeStats' byte total.
 async fn stats_total(f: &Fx, id: &str, path: &Path) -> i64 {
-    let s = must(
+    let s = ok(
         "NodeGetVolumeStats",
         f.d.node().node_get_volume_stats(stats_req(id, path)).await,
     );
@@ -534,12 +423,12 @@ async fn snapshot_restore(kind: Kind) {
     };
     let f = Fx::new(kind).await;
     let base = f.our_lvs();
-    let orig = must_ok("create orig", f.create(new_req("orig", size, fs)).await);
+    let orig = must("create orig", f.create(new_req("orig", size, fs)).await);
     let oid = orig.volume_id.clone();
     let otarget = f.mount(&oid, "orig", fs).await;
     write_generation(&otarget, 1);
 
-    let snap = must_ok("CreateSnapshot", f.snapshot("snap-1", &oid).await);
+    let snap = must("CreateSnapshot", f.snapshot("snap-1", &oid).await);
     assert!(snap.ready_to_use, "{snap:?}");
     assert_eq!(snap.source_volume_id, oid);
     assert_eq!(snap.size_bytes, size, "a snapshot's size is its source's");
@@ -548,7 +437,7 @@ async fn snapshot_restore(kind: Kind) {
         snap.creation_time.is_some_and(|t| t.seconds > 0),
         "{snap:?}"
     );
-    let again = must_ok("CreateSnapshot again", f.snapshot("snap-1", &oid).await);
+    let again = must("CreateSnapshot again", f.snapshot("snap-1", &oid).await);
     assert_eq!(again.snapshot_id, snap.snapshot_id, "not idempotent");
     let sn =
         f.vg.lv(&snap_lv_name(&snap.snapshot_id))
@@ -566,7 +455,7 @@ async fn snapshot_restore(kind: Kind) {
         ("by id", snap.snapshot_id.as_str(), ""),
         ("by source", "", oid.as_str()),
     ] {
-        let listed = must_ok(what, f.list_snapshots(id, src).await);
+        let listed = must(what, f.list_snapshots(id, src).await);
         assert_eq!(listed.len(), 1, "ListSnapshots {what}: {listed:?}");
         let l = &listed[0];
         assert_eq!(
@@ -580,7 +469,7 @@ async fn snapshot_restore(kind: Kind) {
             "ListSnapshots {what}"
         );
     }
-    let none = must_ok("by other source", f.list_snapshots("", "thin.x").await);
+    let none = must("by other source", f.list_snapshots("", "thin.x").await);
     assert!(none.is_empty(), "{none:?}");
 
     // The origin moves on.
@@ -591,11 +480,11 @@ async fn snapshot_restore(kind: Kind) {
 
     // Restore (the origin still mounted, still changing).
     let req = from_req("restored", 0, fs, &snap.snapshot_id, true);
-    let r = must_ok("restore", f.create(req.clone()).await);
+    let r = must("restore", f.create(req.clone()).await);
     assert_eq!(r.capacity_bytes, size);
     assert_eq!(r.content_source, req.volume_content_source);
     let rid = r.volume_id.clone();
-    let again = must_ok("restore again", f.create(req).await);
+    let again = must("restore again", f.create(req).await);
     assert_eq!(again.volume_id, rid);
     let lv = f.must_lv(&rid);
     assert!(
@@ -632,11 +521,11 @@ async fn snapshot_restore(kind: Kind) {
             assert!(f.lv(&oid).is_some(), "the origin was removed");
         }
         Kind::Thin => {
-            must_ok("delete origin", f.delete_volume(&oid).await);
+            must("delete origin", f.delete_volume(&oid).await);
             f.assert_lv_gone(&oid);
-            let listed = must_ok("list", f.list_snapshots(&snap.snapshot_id, "").await);
+            let listed = must("list", f.list_snapshots(&snap.snapshot_id, "").await);
             assert_eq!(listed.len(), 1, "the snapshot went with its origin");
-            let r2 = must_ok(
+            let r2 = must(
                 "restore after the origin is gone",
                 f.create(from_req("restored-2", 0, fs, &snap.snapshot_id, true))
                     .await,
@@ -644,7 +533,7 @@ async fn snapshot_restore(kind: Kind) {
             let t2 = f.mount(&r2.volume_id, "restored-2", fs).await;
             assert_generation(&t2, 1, "a restore after the origin's deletion");
             f.unmount(&r2.volume_id, "restored-2").await;
-            must_ok("delete restored-2", f.delete_volume(&r2.volume_id).await);
+            must("delete restored-2", f.delete_volume(&r2.volume_id).await);
         }
     }
     assert!(
@@ -655,20 +544,20 @@ async fn snapshot_restore(kind: Kind) {
     // The restore does not depend on its snapshot (thick: a block copy) nor
     // on the origin: delete both, restage the restore.
     f.unmount(&rid, "restored").await;
-    must_ok("DeleteSnapshot", f.delete_snapshot(&snap.snapshot_id).await);
-    must_ok(
+    must("DeleteSnapshot", f.delete_snapshot(&snap.snapshot_id).await);
+    must(
         "DeleteSnapshot again",
         f.delete_snapshot(&snap.snapshot_id).await,
     );
     assert!(f.vg.lv(&snap_lv_name(&snap.snapshot_id)).is_none());
-    assert!(must_ok("list", f.list_snapshots("", "").await).is_empty());
-    must_ok("delete origin", f.delete_volume(&oid).await);
+    assert!(must("list", f.list_snapshots("", "").await).is_empty());
+    must("delete origin", f.delete_volume(&oid).await);
     f.assert_lv_gone(&oid);
     let rtarget = f.mount(&rid, "restored-again", fs).await;
     assert_generation(&rtarget, 1, "the restore without snapshot and origin");
     assert!(rtarget.join("restore-only").exists());
     f.unmount(&rid, "restored-again").await;
-    must_ok("delete restore", f.delete_volume(&rid).await);
+    must("delete restore", f.delete_volume(&rid).await);
     assert_eq!(f.our_lvs(), base, "something was left behind");
 }
 
@@ -684,7 +573,7 @@ async fn clone_is_independent(kind: Kind) {
     };
     let f = Fx::new(kind).await;
     let base = f.our_lvs();
-    let src = must_ok("create src", f.create(new_req("src", size, fs)).await);
+    let src = must("create src", f.create(new_req("src", size, fs)).await);
     let sid = src.volume_id.clone();
     let starget = f.mount(&sid, "src", fs).await;
     write_generation(&starget, 7);
@@ -713,25 +602,25 @@ async fn clone_is_independent(kind: Kind) {
 
     // Clone the published, synced volume.
     let req = from_req("clone", 0, fs, &sid, false);
-    let c = must_ok("clone", f.create(req.clone()).await);
+    let c = must("clone", f.create(req.clone()).await);
     let cid = c.volume_id.clone();
     assert_eq!(c.capacity_bytes, size);
     assert_eq!(c.content_source, req.volume_content_source);
-    assert_eq!(must_ok("clone again", f.create(req).await).volume_id, cid);
+    assert_eq!(must("clone again", f.create(req).await).volume_id, cid);
     // Same name, other content: ALREADY_EXISTS, also without any source.
     must_fail(
         "the clone's name without a content source",
         f.create(new_req("clone", size, fs)).await,
         Code::AlreadyExists,
     );
-    let other = must_ok("create other", f.create(new_req("other", size, fs)).await);
+    let other = must("create other", f.create(new_req("other", size, fs)).await);
     must_fail(
         "the clone's name from another source",
         f.create(from_req("clone", 0, fs, &other.volume_id, false))
             .await,
         Code::AlreadyExists,
     );
-    must_ok("delete other", f.delete_volume(&other.volume_id).await);
+    must("delete other", f.delete_volume(&other.volume_id).await);
 
     let ctarget = f.mount(&cid, "clone", fs).await;
     assert_generation(&ctarget, 7, "the clone");
@@ -751,7 +640,7 @@ async fn clone_is_independent(kind: Kind) {
 
     // The clone outlives its source.
     f.unmount(&sid, "src").await;
-    must_ok("delete the source", f.delete_volume(&sid).await);
+    must("delete the source", f.delete_volume(&sid).await);
     f.assert_lv_gone(&sid);
     f.unmount(&cid, "clone").await;
     let ctarget = f.mount(&cid, "clone-2", fs).await;
@@ -759,7 +648,7 @@ async fn clone_is_independent(kind: Kind) {
     let random = fs::read(ctarget.join("random.bin")).unwrap();
     assert!(random == pseudo_random(7, 4 * MI as usize));
     f.unmount(&cid, "clone-2").await;
-    must_ok("delete the clone", f.delete_volume(&cid).await);
+    must("delete the clone", f.delete_volume(&cid).await);
     assert_eq!(f.our_lvs(), base, "something was left behind");
 }
 
@@ -780,14 +669,14 @@ async fn restore_larger_than_snapshot(kind: Kind) {
         ],
     };
     for &(fs, small, big) in cases {
-        let o = must_ok(
+        let o = must(
             "create",
             f.create(new_req(&format!("small-{fs}"), small, fs)).await,
         );
         let t = f.mount(&o.volume_id, &format!("small-{fs}"), fs).await;
         write_generation(&t, 3);
         let small_fs = fs_total(&t);
-        let snap = must_ok(
+        let snap = must(
             "snapshot",
             f.snapshot(&format!("small-{fs}"), &o.volume_id).await,
         );
@@ -795,7 +684,7 @@ async fn restore_larger_than_snapshot(kind: Kind) {
 
         let name = format!("big-{fs}");
         let req = from_req(&name, big, fs, &snap.snapshot_id, true);
-        let r = must_ok("restore larger", f.create(req.clone()).await);
+        let r = must("restore larger", f.create(req.clone()).await);
         assert_eq!(r.capacity_bytes, big);
         let lv = f.must_lv(&r.volume_id);
         assert_eq!(lv.size, big, "{lv:?}");
@@ -825,9 +714,9 @@ async fn restore_larger_than_snapshot(kind: Kind) {
         assert_eq!(fs_total(&t), grown);
         assert_generation(&t, 3, "the larger restore, restaged");
         f.unmount(&r.volume_id, &format!("{name}-2")).await;
-        must_ok("delete", f.delete_volume(&r.volume_id).await);
-        must_ok("delete snap", f.delete_snapshot(&snap.snapshot_id).await);
-        must_ok("delete origin", f.delete_volume(&o.volume_id).await);
+        must("delete", f.delete_volume(&r.volume_id).await);
+        must("delete snap", f.delete_snapshot(&snap.snapshot_id).await);
+        must("delete origin", f.delete_volume(&o.volume_id).await);
     }
 }
 
@@ -877,15 +766,6 @@ async fn catch_copy(vg: &str, lv: &str) -> i32 {
 
 fn signal(pid: i32, s: nix::sys::signal::Signal) {
     let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), s);
-}
-
-fn exited(pid: i32) -> bool {
-    match fs::read_to_string(format!("/proc/{pid}/stat")) {
-        Err(_) => true,
-        Ok(s) => s
-            .rsplit_once(") ")
-            .is_some_and(|(_, rest)| rest.starts_with('Z')),
-    }
 }
 
 /// Tags an LV made by hand gets to look like one of the driver's restores.
@@ -970,7 +850,7 @@ async fn restore_copy_and_crashes(kind: Kind) {
     let base = f.our_lvs();
 
     // A raw block source with data at its start, middle and end.
-    let src = must_ok("create src", f.create(new_req("src", size, "block")).await);
+    let src = must("create src", f.create(new_req("src", size, "block")).await);
     let starget = f.mount(&src.volume_id, "src", "block").await;
     let pattern: Vec<(u64, Vec<u8>)> = [0, 30 * MI as u64, (size - 4 * MI) as u64]
         .into_iter()
@@ -980,7 +860,7 @@ async fn restore_copy_and_crashes(kind: Kind) {
     for (off, data) in &pattern {
         write_at(&starget, *off, data);
     }
-    let snap = must_ok("snapshot", f.snapshot("src-snap", &src.volume_id).await);
+    let snap = must("snapshot", f.snapshot("src-snap", &src.volume_id).await);
     let sid = snap.snapshot_id.clone();
     // Changed after the snapshot: restores must not see this.
     write_at(&starget, 0, &pseudo_random(999, 4 * MI as usize));
@@ -1037,10 +917,10 @@ async fn restore_copy_and_crashes(kind: Kind) {
         );
         assert!(!exited(dd), "the copy died with its RPC");
         signal(dd, nix::sys::signal::Signal::SIGCONT);
-        let v = must_ok("retried restore", retry.await.unwrap());
+        let v = must("retried restore", retry.await.unwrap());
         assert_eq!(v.volume_id, r1);
     } else {
-        let v = must_ok("thin restore", f.create(req.clone()).await);
+        let v = must("thin restore", f.create(req.clone()).await);
         assert_eq!(v.volume_id, r1);
         let lv = f.must_lv(&r1);
         assert!(lv.attr.starts_with('V'), "{lv:?}");
@@ -1107,7 +987,7 @@ async fn restore_copy_and_crashes(kind: Kind) {
         }
     };
     let _ = call.await;
-    start(&mut f.d).await;
+    f.d.start_again_retrying().await;
     if let Some(lv) = f.lv(&r2) {
         if lv
             .tags
@@ -1125,7 +1005,7 @@ async fn restore_copy_and_crashes(kind: Kind) {
             "{what}: the LV being copied into is gone"
         );
     }
-    let v = must_ok(
+    let v = must(
         &format!("retry after a crash ({what})"),
         f.create(req).await,
     );
@@ -1147,7 +1027,7 @@ async fn restore_copy_and_crashes(kind: Kind) {
         let dd = catch_copy(&f.vg.vg, &lv_name(&r5)).await;
         f.d.kill9();
         let _ = call.await;
-        start(&mut f.d).await;
+        f.d.start_again_retrying().await;
         must_fail(
             "retry while the dead driver's copy still runs",
             f.create(req.clone()).await,
@@ -1165,10 +1045,10 @@ async fn restore_copy_and_crashes(kind: Kind) {
             lv.tags.iter().any(|t| t == "localvol.restoring"),
             "a copy without its driver completed the volume: {lv:?}"
         );
-        let v = must_ok("retry after the orphaned copy ended", f.create(req).await);
+        let v = must("retry after the orphaned copy ended", f.create(req).await);
         assert_eq!(v.volume_id, r5);
         assert_restored_block(&f, &r5, "r5", &pattern, "r5").await;
-        must_ok("delete r5", f.delete_volume(&r5).await);
+        must("delete r5", f.delete_volume(&r5).await);
     }
 
     // (c) The state a crash right after lvcreate leaves (inactive, not
@@ -1191,7 +1071,7 @@ async fn restore_copy_and_crashes(kind: Kind) {
         f.d.node().node_stage_volume(sreq).await,
         Code::NotFound,
     );
-    let v = must_ok(
+    let v = must(
         "finish a half-made restore",
         f.create(from_req("r3", r3_size, "block", &sid, true)).await,
     );
@@ -1204,7 +1084,7 @@ async fn restore_copy_and_crashes(kind: Kind) {
     // says NOT_FOUND and removes the leftover; nothing leaks.
     half_made(&f, "r4", &sid, size);
     let r4 = f.volume_id("r4");
-    must_ok("DeleteSnapshot", f.delete_snapshot(&sid).await);
+    must("DeleteSnapshot", f.delete_snapshot(&sid).await);
     must_fail(
         "retry of a half-made restore whose snapshot is gone",
         f.create(from_req("r4", 0, "block", &sid, true)).await,
@@ -1212,14 +1092,14 @@ async fn restore_copy_and_crashes(kind: Kind) {
     );
     f.assert_lv_gone(&r4);
     // A complete restore answers its retry even after its snapshot is gone.
-    let again = must_ok(
+    let again = must(
         "retry of a complete restore, snapshot gone",
         f.create(from_req("r1", 0, "block", &sid, true)).await,
     );
     assert_eq!(again.volume_id, r1);
 
     for id in [&r1, &r2, &r3, &src.volume_id] {
-        must_ok("delete", f.delete_volume(id).await);
+        must("delete", f.delete_volume(id).await);
     }
     assert_eq!(f.our_lvs(), base, "something was left behind");
 }
@@ -1269,9 +1149,9 @@ async fn snapshot_ids(kind: Kind) {
     require_root();
     let f = Fx::new(kind).await;
     let pool = f.pool;
-    let v = must_ok("create", f.create(new_req("vol", 8 * MI, "block")).await);
+    let v = must("create", f.create(new_req("vol", 8 * MI, "block")).await);
     let vid = v.volume_id.clone();
-    let snap = must_ok("snapshot", f.snapshot("s", &vid).await);
+    let snap = must("snapshot", f.snapshot("s", &vid).await);
     let lvs_before = f.lv_names();
     let hex = "0123456789abcdef0123456789abcdef";
     let ia = Code::InvalidArgument;
@@ -1319,11 +1199,11 @@ async fn snapshot_ids(kind: Kind) {
         // A volume's id is no snapshot id (and the volume must survive).
         vid.clone(),
     ] {
-        must_ok(
+        must(
             &format!("DeleteSnapshot {unknown:?}"),
             f.delete_snapshot(&unknown).await,
         );
-        let l = must_ok("ListSnapshots", f.list_snapshots(&unknown, "").await);
+        let l = must("ListSnapshots", f.list_snapshots(&unknown, "").await);
         assert!(l.is_empty(), "{unknown:?}: {l:?}");
         must_fail(
             &format!("restore from {unknown:?}"),
@@ -1352,12 +1232,12 @@ async fn snapshot_ids(kind: Kind) {
             .await;
     assert_code("an unknown snapshot parameter", r, ia);
     // A snapshot's id is no volume id: deleting it as a volume keeps it.
-    must_ok(
+    must(
         "DeleteVolume of a snapshot id",
         f.delete_volume(&snap.snapshot_id).await,
     );
     // The same snapshot name for another volume: ALREADY_EXISTS.
-    let other = must_ok(
+    let other = must(
         "create other",
         f.create(new_req("other", 8 * MI, "block")).await,
     );
@@ -1366,16 +1246,16 @@ async fn snapshot_ids(kind: Kind) {
         f.snapshot("s", &other.volume_id).await,
         Code::AlreadyExists,
     );
-    must_ok("delete other", f.delete_volume(&other.volume_id).await);
+    must("delete other", f.delete_volume(&other.volume_id).await);
     assert_eq!(f.lv_names(), lvs_before, "bad input changed the VG");
 
-    must_ok("DeleteSnapshot", f.delete_snapshot(&snap.snapshot_id).await);
-    must_ok(
+    must("DeleteSnapshot", f.delete_snapshot(&snap.snapshot_id).await);
+    must(
         "DeleteSnapshot again",
         f.delete_snapshot(&snap.snapshot_id).await,
     );
     assert!(f.vg.lv(&snap_lv_name(&snap.snapshot_id)).is_none());
-    must_ok("delete", f.delete_volume(&vid).await);
+    must("delete", f.delete_volume(&vid).await);
     f.assert_lv_gone(&vid);
 }
 
@@ -1391,7 +1271,7 @@ async fn pools_overflowing(kind: Kind) {
     let cond = |id: String, target: PathBuf| {
         let mut n = f.d.node();
         async move {
-            let s = must(
+            let s = ok(
                 "NodeGetVolumeStats",
                 n.node_get_volume_stats(stats_req(&id, &target)).await,
             );
@@ -1404,10 +1284,10 @@ async fn pools_overflowing(kind: Kind) {
             // A COW snapshot of one extent; 16 MiB of changes to its origin
             // invalidate it. Restoring from it must fail, never hand out a
             // volume of I/O errors or garbage, and leave nothing behind.
-            let v = must_ok("create", f.create(new_req("o", 32 * MI, "block")).await);
+            let v = must("create", f.create(new_req("o", 32 * MI, "block")).await);
             let t = f.mount(&v.volume_id, "o", "block").await;
             write_at(&t, 0, &pseudo_random(1, 4 * MI as usize));
-            let snap = must_ok(
+            let snap = must(
                 "snapshot",
                 f.snapshot_cow("tiny", &v.volume_id, "4Mi").await,
             );
@@ -1418,7 +1298,7 @@ async fn pools_overflowing(kind: Kind) {
                 Some('I'),
                 "the overflowed snapshot is not invalid: {sn:?}"
             );
-            let listed = must_ok("list", f.list_snapshots(&snap.snapshot_id, "").await);
+            let listed = must("list", f.list_snapshots(&snap.snapshot_id, "").await);
             assert!(
                 listed.len() == 1 && !listed[0].ready_to_use,
                 "an invalid snapshot is listed as ready: {listed:?}"
@@ -1431,13 +1311,13 @@ async fn pools_overflowing(kind: Kind) {
             );
             assert!(s.message().contains("invalid"), "{}", s.message());
             f.assert_lv_gone(&f.volume_id("r"));
-            must_ok("DeleteSnapshot", f.delete_snapshot(&snap.snapshot_id).await);
+            must("DeleteSnapshot", f.delete_snapshot(&snap.snapshot_id).await);
             f.unmount(&v.volume_id, "o").await;
-            must_ok("delete", f.delete_volume(&v.volume_id).await);
+            must("delete", f.delete_volume(&v.volume_id).await);
         }
         Kind::Thin => {
             // The pool's data at >= 90 %: its volumes' condition is abnormal.
-            let v = must_ok("create", f.create(new_req("o", 64 * MI, "block")).await);
+            let v = must("create", f.create(new_req("o", 64 * MI, "block")).await);
             let t = f.mount(&v.volume_id, "o", "block").await;
             let (abnormal, msg) = cond(v.volume_id.clone(), t.clone()).await;
             assert!(!abnormal, "an empty pool: {msg}");
@@ -1454,7 +1334,7 @@ async fn pools_overflowing(kind: Kind) {
                 tp.data_percent
             );
             f.unmount(&v.volume_id, "o").await;
-            must_ok("delete", f.delete_volume(&v.volume_id).await);
+            must("delete", f.delete_volume(&v.volume_id).await);
         }
     }
     assert_eq!(f.our_lvs(), base, "something was left behind");
@@ -1486,7 +1366,7 @@ async fn raid1_pool_capacity_and_restore() {
         vg.vg
     );
     let mut d = Driver::new(opts);
-    start(&mut d).await;
+    d.start_again_retrying().await;
     let f = RaidFx { d: &d };
 
     // Capacity: half of what is free beyond the reserve, in whole extents;
@@ -1494,7 +1374,7 @@ async fn raid1_pool_capacity_and_restore() {
     let (_, free0, extent) = vg.vg_sizes();
     let cap = d.capacity(None).await.available_capacity;
     assert_eq!(cap, (free0 - 16 * MI) / 2 / extent * extent, "GetCapacity");
-    let full = must_ok(
+    let full = must(
         "a volume of the whole capacity",
         f.create(new_req("full", cap, "block")).await,
     );
@@ -1515,14 +1395,14 @@ async fn raid1_pool_capacity_and_restore() {
         f.create(new_req("more", extent, "block")).await,
         Code::ResourceExhausted,
     );
-    must_ok("delete", f.delete(&full.volume_id).await);
+    must("delete", f.delete(&full.volume_id).await);
 
     // Snapshot and restore on raid1: the restore is raid1 too, with the data.
-    let v = must_ok("create", f.create(new_req("m", 16 * MI, "block")).await);
+    let v = must("create", f.create(new_req("m", 16 * MI, "block")).await);
     let t = d.target_path("m");
     let mut req = publish_req(&v.volume_id, &d.staging_path("m"), &t, false);
     req.volume_capability = Some(cap_for("block"));
-    must("publish", d.node().node_publish_volume(req).await);
+    ok("publish", d.node().node_publish_volume(req).await);
     let data = pseudo_random(42, 8 * MI as usize);
     write_at(&t, 4 * MI as u64, &data);
     let mut sreq = csi::CreateSnapshotRequest {
@@ -1531,11 +1411,11 @@ async fn raid1_pool_capacity_and_restore() {
         ..Default::default()
     };
     sreq.parameters = params(&[("snapshotSize", "16Mi")]);
-    let snap = must("snapshot", d.controller().create_snapshot(sreq).await)
+    let snap = ok("snapshot", d.controller().create_snapshot(sreq).await)
         .snapshot
         .unwrap();
     write_at(&t, 4 * MI as u64, &pseudo_random(43, 8 * MI as usize));
-    let r = must_ok(
+    let r = must(
         "restore",
         f.create(from_req("m-restored", 0, "block", &snap.snapshot_id, true))
             .await,
@@ -1545,7 +1425,7 @@ async fn raid1_pool_capacity_and_restore() {
     let rt = d.target_path("m-restored");
     let mut req = publish_req(&r.volume_id, &d.staging_path("m-restored"), &rt, false);
     req.volume_capability = Some(cap_for("block"));
-    must("publish restore", d.node().node_publish_volume(req).await);
+    ok("publish restore", d.node().node_publish_volume(req).await);
     drop_caches();
     assert!(
         read_at(&rt, 4 * MI as u64, data.len()) == data,
@@ -1553,7 +1433,7 @@ async fn raid1_pool_capacity_and_restore() {
     );
     d.unpublish(&r.volume_id, &rt).await;
     d.unpublish(&v.volume_id, &t).await;
-    must_ok(
+    must(
         "delete snapshot",
         d.controller()
             .delete_snapshot(csi::DeleteSnapshotRequest {
@@ -1564,7 +1444,7 @@ async fn raid1_pool_capacity_and_restore() {
             .map(|_| ()),
     );
     for id in [&r.volume_id, &v.volume_id] {
-        must_ok("delete", f.delete(id).await);
+        must("delete", f.delete(id).await);
     }
     assert_eq!(vg.vg_sizes().1, free0, "the VG did not get its space back");
     eprintln!("vm_snapshots: raid1 took {:.1?}", start_time.elapsed());
