@@ -670,40 +670,22 @@ async fn run_csi(
         prefix: format!("{}-{run_id}", args.name_prefix),
         probe_only: args.floor_rpc,
     });
-    let next = Arc::new(AtomicUsize::new(0));
     let n = usize::try_from(args.volumes).map_err(|e| e.to_string())?;
-    let start = Instant::now();
-    let mut workers = Vec::new();
-    for _ in 0..args.concurrency {
-        let (ctx, next, abort) = (ctx.clone(), next.clone(), abort.clone());
-        let (staging, targets) = (dirs.staging.clone(), dirs.targets.clone());
-        workers.push(tokio::spawn(async move {
-            let mut samples = Samples::default();
-            while !abort.load(Ordering::SeqCst) {
-                let i = next.fetch_add(1, Ordering::SeqCst);
-                if i >= n {
-                    break;
-                }
-                let staging = staging.join(i.to_string());
-                let target = targets.join(i.to_string());
-                let res = if ctx.probe_only {
-                    probe_lifecycle(&ctx, &mut samples).await
-                } else {
-                    csi_lifecycle(&ctx, i, &staging, &target, &mut samples).await
-                };
-                if let Err(e) = res {
-                    abort.store(true, Ordering::SeqCst);
-                    return (
-                        samples,
-                        Err(format!("lifecycle {i} ({}-{i}): {e}", ctx.prefix)),
-                    );
-                }
-            }
-            (samples, Ok(()))
-        }));
-    }
-    let (samples, errors) = join_workers(workers).await;
-    let wall = start.elapsed();
+    let (staging, targets) = (dirs.staging.clone(), dirs.targets.clone());
+    let (samples, errors, wall) = run_workers(args.concurrency, n, abort, move |i, mut samples| {
+        let ctx = ctx.clone();
+        let (staging, target) = (staging.join(i.to_string()), targets.join(i.to_string()));
+        async move {
+            let res = if ctx.probe_only {
+                probe_lifecycle(&ctx, &mut samples).await
+            } else {
+                csi_lifecycle(&ctx, i, &staging, &target, &mut samples).await
+            };
+            let res = res.map_err(|e| format!("lifecycle {i} ({}-{i}): {e}", ctx.prefix));
+            (samples, res)
+        }
+    })
+    .await;
     if let Some(e) = first_error(&errors) {
         return Err(e);
     }
@@ -721,6 +703,47 @@ async fn run_csi(
         report.server_peak_rss = Some((pid, read_peak_rss(pid)?));
     }
     Ok(report)
+}
+
+/// Runs `n` lifecycles on `concurrency` tokio workers that take indexes from
+/// one counter until all are taken or `abort` is set (Ctrl-C, or a lifecycle
+/// that failed: its worker sets it). `lifecycle(i, samples)` runs lifecycle
+/// `i`, recording into its worker's samples, which it hands back. Returns all
+/// samples, the failed lifecycles' errors and the wall time.
+async fn run_workers<F, Fut>(
+    concurrency: u64,
+    n: usize,
+    abort: Arc<AtomicBool>,
+    lifecycle: F,
+) -> (Samples, Vec<String>, Duration)
+where
+    F: Fn(usize, Samples) -> Fut + Clone + Send + 'static,
+    Fut: std::future::Future<Output = (Samples, Result<(), String>)> + Send + 'static,
+{
+    let next = Arc::new(AtomicUsize::new(0));
+    let start = Instant::now();
+    let mut workers = Vec::new();
+    for _ in 0..concurrency {
+        let (next, abort, lifecycle) = (next.clone(), abort.clone(), lifecycle.clone());
+        workers.push(tokio::spawn(async move {
+            let mut samples = Samples::default();
+            while !abort.load(Ordering::SeqCst) {
+                let i = next.fetch_add(1, Ordering::SeqCst);
+                if i >= n {
+                    break;
+                }
+                let (s, res) = lifecycle(i, samples).await;
+                samples = s;
+                if let Err(e) = res {
+                    abort.store(true, Ordering::SeqCst);
+                    return (samples, Err(e));
+                }
+            }
+            (samples, Ok(()))
+        }));
+    }
+    let (samples, errors) = join_workers(workers).await;
+    (samples, errors, start.elapsed())
 }
 
 async fn join_workers(

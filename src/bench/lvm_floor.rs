@@ -21,7 +21,7 @@
 
 use std::path::PathBuf;
 use std::str::FromStr;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -29,7 +29,7 @@ use serde_json::{json, Value};
 use sys_mount::MountFlags;
 
 use super::{
-    first_error, join_workers, rmdir, BenchArgs, Report, RunDir, Samples, CREATE, DELETE, PUBLISH,
+    first_error, rmdir, run_workers, BenchArgs, Report, RunDir, Samples, CREATE, DELETE, PUBLISH,
     STAGE, UNPUBLISH, UNSTAGE,
 };
 use crate::blockdev::{self, FsType};
@@ -174,35 +174,23 @@ pub async fn run(
         prefix: args.name_prefix.clone(),
         run_id: run_id.to_owned(),
     });
-    let next = Arc::new(AtomicUsize::new(0));
     let n = usize::try_from(args.volumes).map_err(|e| e.to_string())?;
-    let start = Instant::now();
-    let mut workers = Vec::new();
-    for _ in 0..args.concurrency {
-        let (ctx, next, abort) = (ctx.clone(), next.clone(), abort.clone());
-        let (staging, targets) = (dirs.staging.clone(), dirs.targets.clone());
-        workers.push(tokio::spawn(async move {
-            let mut samples = Samples::default();
-            while !abort.load(Ordering::SeqCst) {
-                let i = next.fetch_add(1, Ordering::SeqCst);
-                if i >= n {
-                    break;
-                }
-                let paths = Paths {
-                    dev: PathBuf::from(format!("/dev/{}/{}", ctx.info.target.vg, ctx.lv(i))),
-                    staging: staging.join(i.to_string()),
-                    target: targets.join(i.to_string()),
-                };
-                if let Err(e) = lifecycle(&ctx, i, &paths, &mut samples).await {
-                    abort.store(true, Ordering::SeqCst);
-                    return (samples, Err(format!("lifecycle {i} ({}): {e}", ctx.lv(i))));
-                }
-            }
-            (samples, Ok(()))
-        }));
-    }
-    let (samples, errors) = join_workers(workers).await;
-    let wall = start.elapsed();
+    let (staging, targets) = (dirs.staging.clone(), dirs.targets.clone());
+    let c = ctx.clone();
+    let (samples, errors, wall) = run_workers(args.concurrency, n, abort, move |i, mut samples| {
+        let ctx = c.clone();
+        let paths = Paths {
+            dev: PathBuf::from(format!("/dev/{}/{}", ctx.info.target.vg, ctx.lv(i))),
+            staging: staging.join(i.to_string()),
+            target: targets.join(i.to_string()),
+        };
+        async move {
+            let res = lifecycle(&ctx, i, &paths, &mut samples).await;
+            let res = res.map_err(|e| format!("lifecycle {i} ({}): {e}", ctx.lv(i)));
+            (samples, res)
+        }
+    })
+    .await;
     if let Some(e) = first_error(&errors) {
         return Err(e);
     }
