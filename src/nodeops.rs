@@ -282,13 +282,13 @@ fn is_deleted_copy(found: &Location, exp: &Location) -> bool {
             == [exp.root.as_os_str().as_bytes(), b"//deleted"].concat()
 }
 
-/// Unmounts the staging path. The directory itself belongs to the CO and stays.
-/// Only mounts of `volume` are removed (any mount when it is None or cannot be
-/// located).
-pub fn unstage(staging: &Path, volume: Option<(&Source, AccessType)>) -> Result<()> {
+/// Unmounts a volume's mounts at `path` (unstage: the staging path, whose
+/// directory belongs to the CO and stays). Only mounts of `volume` are
+/// removed (any mount when it is None or cannot be located).
+pub fn unstage(path: &Path, volume: Option<(&Source, AccessType)>) -> Result<()> {
     let table = MountTable::read()?;
     let expected = expected_location(&table, volume);
-    unmount_all(&table, staging, expected.as_ref().map(std::slice::from_ref))
+    unmount_all(&table, path, expected.as_ref().map(std::slice::from_ref))
 }
 
 /// Where a device volume's mounts can be, known only by its device path:
@@ -306,23 +306,21 @@ fn device_locations(table: &MountTable, dev: &Path) -> Option<Vec<Location>> {
 /// [`unstage`] of a device volume by its device path alone (no lookup of its
 /// access type). `Ok(false)`, having done nothing, when the device is not
 /// there.
-pub fn unstage_device(staging: &Path, dev: &Path) -> Result<bool> {
+pub fn unstage_device(path: &Path, dev: &Path) -> Result<bool> {
     let table = MountTable::read()?;
     let Some(expected) = device_locations(&table, dev) else {
         return Ok(false);
     };
-    unmount_all(&table, staging, Some(&expected))?;
+    unmount_all(&table, path, Some(&expected))?;
     Ok(true)
 }
 
 /// [`unpublish`] of a device volume by its device path alone, like
 /// [`unstage_device`].
 pub fn unpublish_device(target: &Path, dev: &Path) -> Result<bool> {
-    let table = MountTable::read()?;
-    let Some(expected) = device_locations(&table, dev) else {
+    if !unstage_device(target, dev)? {
         return Ok(false);
-    };
-    unmount_all(&table, target, Some(&expected))?;
+    }
     remove_target(target)?;
     Ok(true)
 }
@@ -385,9 +383,7 @@ pub fn publish(
 /// gone is fine. Only mounts of `volume` are removed (any mount when it is None
 /// or cannot be located).
 pub fn unpublish(target: &Path, volume: Option<(&Source, AccessType)>) -> Result<()> {
-    let table = MountTable::read()?;
-    let expected = expected_location(&table, volume);
-    unmount_all(&table, target, expected.as_ref().map(std::slice::from_ref))?;
+    unstage(target, volume)?;
     remove_target(target)
 }
 

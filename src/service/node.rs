@@ -1,6 +1,6 @@
 //! CSI Node service: stage, publish, stats and expansion on this node.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use tonic::{Request, Response, Status};
@@ -40,6 +40,24 @@ impl NodeService {
     }
 
     /// Like [`NodeService::path`], and NOT_FOUND when nothing is there.
+    /// Unstage or unpublish (`op`) by the volume's device alone, under its
+    /// lock, when its pool names the device from the id (LVM: no `lvs`).
+    /// `Ok(false)`, having done nothing: the device is not there (or the pool
+    /// cannot name it), so the caller looks the volume up.
+    async fn by_device(
+        &self,
+        volume_id: &str,
+        path: &RequestPath,
+        op: fn(&Path, &Path) -> Result<bool>,
+    ) -> Result<bool> {
+        let Some((id, dev)) = self.driver.device_of("volume_id", volume_id)? else {
+            return Ok(false);
+        };
+        let _guard = self.driver.lock_volume(&id)?;
+        let path = path.clone();
+        blocking(move || op(&path.resolve()?, &dev)).await
+    }
+
     /// Call it after every other argument is decoded: a missing path is
     /// NOT_FOUND, which must not mask an invalid one.
     async fn existing_path(&self, what: &'static str, rp: RequestPath) -> Result<PathBuf> {
@@ -230,13 +248,11 @@ impl csi::node_server::Node for NodeService {
         rpc("NodeUnstageVolume", &req.volume_id, async {
             check_text("volume_id", &req.volume_id)?;
             let staging = self.request_path("staging_target_path", &req.staging_target_path)?;
-            // LVM: the device follows from the id, so no `lvs` when it is there.
-            if let Some((id, dev)) = self.driver.device_of("volume_id", &req.volume_id)? {
-                let _guard = self.driver.lock_volume(&id)?;
-                let st = staging.clone();
-                if blocking(move || nodeops::unstage_device(&st.resolve()?, &dev)).await? {
-                    return Ok(csi::NodeUnstageVolumeResponse {});
-                }
+            if self
+                .by_device(&req.volume_id, &staging, nodeops::unstage_device)
+                .await?
+            {
+                return Ok(csi::NodeUnstageVolumeResponse {});
             }
             let (id, pool, vol) = self.driver.require("volume_id", &req.volume_id).await?;
             let _guard = self.driver.lock_volume(&id)?;
@@ -299,13 +315,11 @@ impl csi::node_server::Node for NodeService {
         rpc("NodeUnpublishVolume", &req.volume_id, async {
             check_text("volume_id", &req.volume_id)?;
             let target = self.request_path("target_path", &req.target_path)?;
-            // LVM: the device follows from the id, so no `lvs` when it is there.
-            if let Some((id, dev)) = self.driver.device_of("volume_id", &req.volume_id)? {
-                let _guard = self.driver.lock_volume(&id)?;
-                let t = target.clone();
-                if blocking(move || nodeops::unpublish_device(&t.resolve()?, &dev)).await? {
-                    return Ok(csi::NodeUnpublishVolumeResponse {});
-                }
+            if self
+                .by_device(&req.volume_id, &target, nodeops::unpublish_device)
+                .await?
+            {
+                return Ok(csi::NodeUnpublishVolumeResponse {});
             }
             let found = self.driver.find("volume_id", &req.volume_id).await?;
             let Some((id, pool, vol)) = found else {
