@@ -382,6 +382,30 @@ pub async fn change(args: Vec<String>) -> Result<(), LvmError> {
     run(args).await.map(|_| ())
 }
 
+/// Activates `VG/LV`, also when it carries the activation-skip flag (thin
+/// snapshots do by default): whoever asks needs its device node.
+pub async fn activate(lv_path: &str) -> Result<(), LvmError> {
+    change(vec![
+        "lvchange".into(),
+        "--activate".into(),
+        "y".into(),
+        "--ignoreactivationskip".into(),
+        lv_path.to_owned(),
+    ])
+    .await
+}
+
+/// Removes a tag from `VG/LV`.
+pub async fn delete_tag(lv_path: &str, tag: &str) -> Result<(), LvmError> {
+    change(vec![
+        "lvchange".into(),
+        "--deltag".into(),
+        tag.to_owned(),
+        lv_path.to_owned(),
+    ])
+    .await
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

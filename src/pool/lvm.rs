@@ -100,13 +100,7 @@ async fn copy_and_mark(vg: String, from: String, to: String, bytes: u64) -> Resu
         .timeout(std::time::Duration::from_secs(24 * 3600))
         .run()
         .await?;
-    lvm::change(vec![
-        "lvchange".into(),
-        "--deltag".into(),
-        TAG_RESTORING.into(),
-        format!("{vg}/{to}"),
-    ])
-    .await?;
+    lvm::delete_tag(&format!("{vg}/{to}"), TAG_RESTORING).await?;
     Ok(())
 }
 
@@ -399,13 +393,7 @@ impl LvmPool {
                 ])
                 .await?;
             }
-            lvm::change(vec![
-                "lvchange".into(),
-                "--deltag".into(),
-                TAG_CREATING.into(),
-                self.lv_path(&name),
-            ])
-            .await?;
+            lvm::delete_tag(&self.lv_path(&name), TAG_CREATING).await?;
         }
         lv = self
             .lookup(&req.id.key)
@@ -514,13 +502,7 @@ impl LvmPool {
 
     /// Activates one of the pool's LVs by name.
     async fn activate_lv(&self, lv: &str) -> Result<()> {
-        lvm::change(vec![
-            "lvchange".into(),
-            "--activate".into(),
-            "y".into(),
-            self.lv_path(lv),
-        ])
-        .await?;
+        lvm::activate(&self.lv_path(lv)).await?;
         Ok(())
     }
 
@@ -624,13 +606,7 @@ impl LvmPool {
     async fn finish_create(&self, lv: &LvInfo, wipe: bool) -> Result<()> {
         let path = self.lv_path(&lv.name);
         if !lv.is_active() {
-            lvm::change(vec![
-                "lvchange".into(),
-                "--activate".into(),
-                "y".into(),
-                path.clone(),
-            ])
-            .await?;
+            self.activate_lv(&lv.name).await?;
         }
         if wipe && self.thin.is_none() {
             let dev = format!("/dev/{path}");
@@ -646,13 +622,7 @@ impl LvmPool {
                 .run()
                 .await?;
         }
-        lvm::change(vec![
-            "lvchange".into(),
-            "--deltag".into(),
-            TAG_CREATING.into(),
-            path,
-        ])
-        .await?;
+        lvm::delete_tag(&path, TAG_CREATING).await?;
         Ok(())
     }
 
@@ -1086,29 +1056,14 @@ impl Pool for LvmPool {
 
     async fn activate(&self, vol: &Volume) -> Result<()> {
         let key = volume_key(vol)?;
-        // --ignoreactivationskip: a volume must come up even if its LV was
-        // made with the skip flag (thin snapshots by default).
-        lvm::change(vec![
-            "lvchange".into(),
-            "--activate".into(),
-            "y".into(),
-            "--ignoreactivationskip".into(),
-            self.lv_path(&lv_name(&key)),
-        ])
-        .await?;
+        self.activate_lv(&lv_name(&key)).await?;
         tracing::info!(volume = %vol.id, "activated the volume's LV");
         Ok(())
     }
 
     async fn filesystem_grown(&self, vol: &Volume) -> Result<()> {
         let key = volume_key(vol)?;
-        lvm::change(vec![
-            "lvchange".into(),
-            "--deltag".into(),
-            TAG_GROW.into(),
-            self.lv_path(&lv_name(&key)),
-        ])
-        .await?;
+        lvm::delete_tag(&self.lv_path(&lv_name(&key)), TAG_GROW).await?;
         Ok(())
     }
 
