@@ -377,21 +377,8 @@ impl LvmPool {
         if lv.has_tag(TAG_CREATING) {
             if lv.size < size {
                 // Thin: the snapshot has its source's size.
-                let _alloc = self.alloc.lock().await;
-                let (ever, now) = self.limits().await?;
-                self.check_room(
-                    size,
-                    ever,
-                    now.saturating_add(lv.size),
-                    &format!("volume {}", req.name.as_str()),
-                )?;
-                lvm::change(vec![
-                    "lvextend".into(),
-                    "--size".into(),
-                    format!("{size}b"),
-                    self.lv_path(&name),
-                ])
-                .await?;
+                self.grow_lv(&lv, size, &format!("volume {}", req.name.as_str()))
+                    .await?;
             }
             lvm::delete_tag(&self.lv_path(&name), TAG_CREATING).await?;
         }
@@ -498,6 +485,22 @@ impl LvmPool {
             ))
         })?;
         matches_request(vol, req)
+    }
+
+    /// Extends `lv` to `size` bytes if the pool has room for the difference
+    /// (checked and done under the allocation lock).
+    async fn grow_lv(&self, lv: &LvInfo, size: u64, what: &str) -> Result<()> {
+        let _alloc = self.alloc.lock().await;
+        let (ever, now) = self.limits().await?;
+        self.check_room(size, ever, now.saturating_add(lv.size), what)?;
+        lvm::change(vec![
+            "lvextend".into(),
+            "--size".into(),
+            format!("{size}b"),
+            self.lv_path(&lv.name),
+        ])
+        .await?;
+        Ok(())
     }
 
     /// Activates one of the pool's LVs by name.
@@ -975,21 +978,7 @@ impl Pool for LvmPool {
             )));
         }
         if size > lv.size {
-            let _alloc = self.alloc.lock().await;
-            let (ever, now) = self.limits().await?;
-            self.check_room(
-                size,
-                ever,
-                now.saturating_add(lv.size),
-                &format!("expanding {id}"),
-            )?;
-            lvm::change(vec![
-                "lvextend".into(),
-                "--size".into(),
-                format!("{size}b"),
-                format!("{}/{}", self.vg, lv.name),
-            ])
-            .await?;
+            self.grow_lv(&lv, size, &format!("expanding {id}")).await?;
         }
         Ok(Expanded {
             size_bytes: size,
