@@ -867,7 +867,12 @@ where
 }
 
 fn signal(child: &Child, sig: nix::sys::signal::Signal) {
-    let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(child.id() as i32), sig);
+    signal_pid(child.id() as i32, sig);
+}
+
+/// Sends `sig` to `pid`, ignoring a process that is already gone.
+pub fn signal_pid(pid: i32, sig: nix::sys::signal::Signal) {
+    let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), sig);
 }
 
 impl Drop for Driver {
@@ -1844,6 +1849,25 @@ pub fn lv_name(volume_id: &str) -> String {
         .rsplit_once('.')
         .unwrap_or_else(|| panic!("{volume_id:?} is not a localvol volume id"));
     format!("lv-{key}")
+}
+
+/// Every process's pid and argv, from /proc (those that end meanwhile are
+/// skipped).
+pub fn processes() -> Vec<(i32, Vec<String>)> {
+    let Ok(dir) = fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    dir.flatten()
+        .filter_map(|e| {
+            let pid = e.file_name().to_string_lossy().parse::<i32>().ok()?;
+            let cmdline = fs::read(e.path().join("cmdline")).ok()?;
+            let argv = cmdline
+                .split(|b| *b == 0)
+                .map(|a| String::from_utf8_lossy(a).into_owned())
+                .collect();
+            Some((pid, argv))
+        })
+        .collect()
 }
 
 /// Whether process `pid` is gone (or a zombie).

@@ -1105,38 +1105,22 @@ async fn block_mode(kind: Kind) {
 fn find_lvcreate(pool: &str, csi_name: &str) -> Option<(i32, String)> {
     let tag = format!("localvol.name={csi_name}");
     let pool_tag = format!("localvol.pool={pool}");
-    for e in fs::read_dir("/proc").ok()?.flatten() {
-        let Ok(pid) = e.file_name().to_string_lossy().parse::<i32>() else {
-            continue;
-        };
-        let Ok(cmdline) = fs::read(e.path().join("cmdline")) else {
-            continue;
-        };
-        let argv: Vec<String> = cmdline
-            .split(|b| *b == 0)
-            .map(|a| String::from_utf8_lossy(a).into_owned())
-            .collect();
-        if argv.get(1).map(String::as_str) == Some("lvcreate")
+    let (pid, argv) = processes().into_iter().find(|(_, argv)| {
+        argv.get(1).map(String::as_str) == Some("lvcreate")
             && argv.contains(&tag)
             && argv.contains(&pool_tag)
-        {
-            let lv = argv
-                .iter()
-                .position(|a| a == "--name")
-                .and_then(|i| argv.get(i + 1))
-                .cloned()
-                .unwrap_or_default();
-            return Some((pid, lv));
-        }
-    }
-    None
+    })?;
+    let lv = argv
+        .iter()
+        .position(|a| a == "--name")
+        .and_then(|i| argv.get(i + 1))
+        .cloned()
+        .unwrap_or_default();
+    Some((pid, lv))
 }
 
 fn sigkill(pid: i32) {
-    let _ = nix::sys::signal::kill(
-        nix::unistd::Pid::from_raw(pid),
-        nix::sys::signal::Signal::SIGKILL,
-    );
+    signal_pid(pid, nix::sys::signal::Signal::SIGKILL);
 }
 
 /// Sends CreateVolume, then kills the driver while `lvcreate` runs: with

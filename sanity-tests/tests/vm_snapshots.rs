@@ -727,28 +727,17 @@ async fn restore_larger_than_snapshot(kind: Kind) {
 /// Pids of running `dd` processes writing to `/dev/<vg>/...`.
 fn find_dd(vg: &str) -> Vec<(i32, String)> {
     let prefix = format!("of=/dev/{vg}/");
-    let mut found = Vec::new();
-    for e in fs::read_dir("/proc").unwrap().flatten() {
-        let Ok(pid) = e.file_name().to_string_lossy().parse::<i32>() else {
-            continue;
-        };
-        let Ok(cmdline) = fs::read(e.path().join("cmdline")) else {
-            continue;
-        };
-        let argv: Vec<String> = cmdline
-            .split(|b| *b == 0)
-            .map(|a| String::from_utf8_lossy(a).into_owned())
-            .collect();
-        if argv
-            .first()
-            .is_some_and(|a| a == "dd" || a.ends_with("/dd"))
-        {
-            if let Some(of) = argv.iter().find_map(|a| a.strip_prefix(&prefix)) {
-                found.push((pid, of.to_owned()));
-            }
-        }
-    }
-    found
+    processes()
+        .into_iter()
+        .filter(|(_, argv)| {
+            argv.first()
+                .is_some_and(|a| a == "dd" || a.ends_with("/dd"))
+        })
+        .filter_map(|(pid, argv)| {
+            let of = argv.iter().find_map(|a| a.strip_prefix(&prefix))?;
+            Some((pid, of.to_owned()))
+        })
+        .collect()
 }
 
 /// Waits (up to 60 s) for a `dd` into `lv` and stops it (SIGSTOP).
@@ -756,16 +745,12 @@ async fn catch_copy(vg: &str, lv: &str) -> i32 {
     let deadline = Instant::now() + Duration::from_secs(60);
     loop {
         if let Some((pid, _)) = find_dd(vg).into_iter().find(|(_, of)| of == lv) {
-            signal(pid, nix::sys::signal::Signal::SIGSTOP);
+            signal_pid(pid, nix::sys::signal::Signal::SIGSTOP);
             return pid;
         }
         assert!(Instant::now() < deadline, "no copy into {vg}/{lv} was seen");
         tokio::time::sleep(Duration::from_millis(1)).await;
     }
-}
-
-fn signal(pid: i32, s: nix::sys::signal::Signal) {
-    let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), s);
 }
 
 /// Tags an LV made by hand gets to look like one of the driver's restores.
@@ -916,7 +901,7 @@ async fn restore_copy_and_crashes(kind: Kind) {
             retry.await
         );
         assert!(!exited(dd), "the copy died with its RPC");
-        signal(dd, nix::sys::signal::Signal::SIGCONT);
+        signal_pid(dd, nix::sys::signal::Signal::SIGCONT);
         let v = must("retried restore", retry.await.unwrap());
         assert_eq!(v.volume_id, r1);
     } else {
@@ -946,7 +931,7 @@ async fn restore_copy_and_crashes(kind: Kind) {
     let what = match kind {
         Kind::Thick => {
             let dd = catch_copy(&f.vg.vg, &lv_name(&r2)).await;
-            signal(dd, nix::sys::signal::Signal::SIGKILL);
+            signal_pid(dd, nix::sys::signal::Signal::SIGKILL);
             f.d.kill9();
             "killed the driver and dd mid-copy".to_owned()
         }
@@ -973,7 +958,7 @@ async fn restore_copy_and_crashes(kind: Kind) {
                         std::thread::sleep(Duration::from_micros(200));
                     }
                     let hit = node.exists() && !exited(p);
-                    signal(p, nix::sys::signal::Signal::SIGKILL);
+                    signal_pid(p, nix::sys::signal::Signal::SIGKILL);
                     if hit {
                         "right after activation"
                     } else {
@@ -1034,7 +1019,7 @@ async fn restore_copy_and_crashes(kind: Kind) {
             Code::Aborted,
         );
         assert!(!f.volume_ids().await.contains(&r5));
-        signal(dd, nix::sys::signal::Signal::SIGCONT);
+        signal_pid(dd, nix::sys::signal::Signal::SIGCONT);
         let deadline = Instant::now() + Duration::from_secs(120);
         while !exited(dd) && Instant::now() < deadline {
             tokio::time::sleep(Duration::from_millis(20)).await;
@@ -1123,22 +1108,12 @@ async fn create_while_aborted(
 
 /// A process whose argv[1] is `cmd` (lvm's own commands) and that carries `arg`.
 fn find_proc(cmd: &str, arg: &str) -> Option<i32> {
-    for e in fs::read_dir("/proc").ok()?.flatten() {
-        let Ok(pid) = e.file_name().to_string_lossy().parse::<i32>() else {
-            continue;
-        };
-        let Ok(cmdline) = fs::read(e.path().join("cmdline")) else {
-            continue;
-        };
-        let argv: Vec<String> = cmdline
-            .split(|b| *b == 0)
-            .map(|a| String::from_utf8_lossy(a).into_owned())
-            .collect();
-        if argv.get(1).map(String::as_str) == Some(cmd) && argv.iter().any(|a| a == arg) {
-            return Some(pid);
-        }
-    }
-    None
+    processes()
+        .into_iter()
+        .find(|(_, argv)| {
+            argv.get(1).map(String::as_str) == Some(cmd) && argv.iter().any(|a| a == arg)
+        })
+        .map(|(pid, _)| pid)
 }
 
 // ---------------------------------------------------------------------------
