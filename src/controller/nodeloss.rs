@@ -102,6 +102,7 @@ pub fn opted_in(annotations: Option<&BTreeMap<String, String>>) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use k8s_openapi::api::core::v1::NodeSelectorRequirement;
     use serde_json::json;
     use std::sync::Arc;
 
@@ -128,38 +129,17 @@ mod tests {
         let d = "localvol.csi.dev";
         assert_eq!(pinned_node(&pv("a", d, "n1"), d), Some("n1"));
         assert_eq!(pinned_node(&pv("a", "other.csi.dev", "n1"), d), None);
-        let mut two = pv("a", d, "n1");
-        two.spec
-            .as_mut()
-            .unwrap()
-            .node_affinity
-            .as_mut()
-            .unwrap()
-            .required
-            .as_mut()
-            .unwrap()
-            .node_selector_terms[0]
-            .match_expressions
-            .as_mut()
-            .unwrap()[0]
-            .values = Some(vec!["n1".into(), "n2".into()]);
+        // The PV's one node-affinity expression, changed in place.
+        let with_expr = |change: fn(&mut NodeSelectorRequirement)| {
+            let mut p = pv("a", d, "n1");
+            let affinity = p.spec.as_mut().unwrap().node_affinity.as_mut().unwrap();
+            let term = &mut affinity.required.as_mut().unwrap().node_selector_terms[0];
+            change(&mut term.match_expressions.as_mut().unwrap()[0]);
+            p
+        };
+        let two = with_expr(|e| e.values = Some(vec!["n1".into(), "n2".into()]));
         assert_eq!(pinned_node(&two, d), None);
-        let mut notin = pv("a", d, "n1");
-        notin
-            .spec
-            .as_mut()
-            .unwrap()
-            .node_affinity
-            .as_mut()
-            .unwrap()
-            .required
-            .as_mut()
-            .unwrap()
-            .node_selector_terms[0]
-            .match_expressions
-            .as_mut()
-            .unwrap()[0]
-            .operator = "NotIn".into();
+        let notin = with_expr(|e| e.operator = "NotIn".into());
         assert_eq!(pinned_node(&notin, d), None);
     }
 
