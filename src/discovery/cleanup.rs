@@ -324,6 +324,14 @@ mod tests {
         }
     }
 
+    /// A config with one class and a state dir that is never used here.
+    fn one_class(c: crate::discovery::DiscoveryClass) -> DiscoveryConfig {
+        DiscoveryConfig {
+            classes: vec![c],
+            state_dir: "/nonexistent".into(),
+        }
+    }
+
     fn only(cfg: &DiscoveryConfig) -> Discovered {
         let r = scan::scan_all(cfg).unwrap();
         assert_eq!(r.found.len(), 1, "{r:?}");
@@ -364,14 +372,11 @@ mod tests {
                 }
             };
             fill(&vol, &outside);
-            let cfg = DiscoveryConfig {
-                classes: vec![class(
-                    &e.disks,
-                    VolumeMode::Filesystem,
-                    CleanupMethod::DeleteContents,
-                )],
-                state_dir: "/nonexistent".into(),
-            };
+            let cfg = one_class(class(
+                &e.disks,
+                VolumeMode::Filesystem,
+                CleanupMethod::DeleteContents,
+            ));
             let d = only(&cfg);
             e.cleaner.cleanup(&cfg, &d).await.unwrap();
             assert_eq!(entries(&vol), Vec::<String>::new(), "{fs_type}");
@@ -394,14 +399,11 @@ mod tests {
         let _m = TestMount::tmpfs(&vol, "8m");
         fs::create_dir(vol.join("sub")).unwrap();
         fs::write(vol.join("keep"), b"x").unwrap();
-        let cfg = DiscoveryConfig {
-            classes: vec![class(
-                &e.disks,
-                VolumeMode::Filesystem,
-                CleanupMethod::DeleteContents,
-            )],
-            state_dir: "/nonexistent".into(),
-        };
+        let cfg = one_class(class(
+            &e.disks,
+            VolumeMode::Filesystem,
+            CleanupMethod::DeleteContents,
+        ));
         let d = only(&cfg);
 
         // A mount inside the volume: not crossed, nothing removed.
@@ -459,10 +461,7 @@ mod tests {
             symlink(&l.0, e.disks.join("disk")).unwrap();
             scribble(&l.0);
             assert_eq!(read_dev(&l.0, 16), [0xab; 16]);
-            let cfg = DiscoveryConfig {
-                classes: vec![class(&e.disks, VolumeMode::Block, method)],
-                state_dir: "/nonexistent".into(),
-            };
+            let cfg = one_class(class(&e.disks, VolumeMode::Block, method));
             let d = only(&cfg);
             e.cleaner.cleanup(&cfg, &d).await.unwrap();
             assert!(
@@ -478,10 +477,7 @@ mod tests {
         let e = env();
         let l = Loop::new(e.tmp.path(), "img", 64 << 20).mkfs("ext4");
         symlink(&l.0, e.disks.join("disk")).unwrap();
-        let cfg = DiscoveryConfig {
-            classes: vec![class(&e.disks, VolumeMode::Block, CleanupMethod::Zero)],
-            state_dir: "/nonexistent".into(),
-        };
+        let cfg = one_class(class(&e.disks, VolumeMode::Block, CleanupMethod::Zero));
         let d = only(&cfg);
         let m = TestMount::device(&l.0, &e.tmp.path().join("mnt"), "ext4");
         let err = e.cleaner.cleanup(&cfg, &d).await.unwrap_err();
@@ -506,10 +502,7 @@ mod tests {
         let _m = TestMount::tmpfs(&vol, "8m");
         let mut c = class(&e.disks, VolumeMode::Filesystem, CleanupMethod::Command);
         c.cleanup.command = Some(vec!["false".into()]);
-        let failing = DiscoveryConfig {
-            classes: vec![c.clone()],
-            state_dir: "/nonexistent".into(),
-        };
+        let failing = one_class(c.clone());
         let d = only(&failing);
         // A failing wipe leaves the marker: the volume stays "dirty".
         e.cleaner.cleanup(&failing, &d).await.unwrap_err();
@@ -526,10 +519,7 @@ mod tests {
             "--".into(),
             "/proc/self/mountinfo".into(),
         ]);
-        let working = DiscoveryConfig {
-            classes: vec![c],
-            state_dir: "/nonexistent".into(),
-        };
+        let working = one_class(c);
         let cleaner = Cleaner::new(&e.tmp.path().join("state")).unwrap();
         // Not allowed (e.g. the PV is Bound): not touched.
         let done = cleaner.redo_pending(&working, |_| false).await.unwrap();

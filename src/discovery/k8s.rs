@@ -479,6 +479,26 @@ mod tests {
     }
 
     impl Scenario {
+        /// Leaves the marker a cleanup interrupted by a crash leaves (as
+        /// the cleaner writes it before wiping).
+        fn interrupted_cleanup(&self) {
+            let h = self.entry().handle;
+            fs::write(
+                self._tmp
+                    .path()
+                    .join("state/cleanup")
+                    .join(format!("{h}.json")),
+                serde_json::to_vec(&super::super::cleanup::Marker {
+                    handle: h.to_string(),
+                    path: self.vol.clone(),
+                    method: CleanupMethod::DeleteContents,
+                    started_unix: 1,
+                })
+                .unwrap(),
+            )
+            .unwrap();
+        }
+
         fn new(name: &str) -> Self {
             eprintln!("scenario: {name}");
             let tmp = tempfile::tempdir().unwrap();
@@ -695,20 +715,7 @@ mod tests {
         // A cleanup a crash interrupted is not redone while a PV is Bound.
         let m = s.discoverer.statics.cleaner().clone();
         let h = s.entry().handle;
-        fs::write(
-            s._tmp
-                .path()
-                .join("state/cleanup")
-                .join(format!("{h}.json")),
-            serde_json::to_vec(&super::super::cleanup::Marker {
-                handle: h.to_string(),
-                path: s.vol.clone(),
-                method: CleanupMethod::DeleteContents,
-                started_unix: 1,
-            })
-            .unwrap(),
-        )
-        .unwrap();
+        s.interrupted_cleanup();
         assert!(m.is_pending(&h));
         let r = s.pass(&[bound]).await;
         assert_eq!(r, PassReport::default());
@@ -865,20 +872,7 @@ mod tests {
     async fn scenario_pending_cleanup_blocks_discovery_until_it_succeeds() {
         let s = Scenario::new("an interrupted cleanup that cannot be redone: no PV");
         let h = s.entry().handle;
-        fs::write(
-            s._tmp
-                .path()
-                .join("state/cleanup")
-                .join(format!("{h}.json")),
-            serde_json::to_vec(&super::super::cleanup::Marker {
-                handle: h.to_string(),
-                path: s.vol.clone(),
-                method: CleanupMethod::DeleteContents,
-                started_unix: 1,
-            })
-            .unwrap(),
-        )
-        .unwrap();
+        s.interrupted_cleanup();
         // In use (mounted elsewhere): the redo is refused, and no PV offers
         // the half-wiped volume.
         let other = s._tmp.path().join("elsewhere");
