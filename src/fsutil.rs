@@ -21,6 +21,8 @@ use crate::ids::truncate;
 
 /// Longest path accepted from a request.
 pub const MAX_PATH_LEN: usize = 4096;
+/// Longest path component (NAME_MAX): a longer one can never exist.
+pub const MAX_NAME_LEN: usize = 255;
 
 static TMP_COUNTER: AtomicU64 = AtomicU64::new(0);
 
@@ -301,10 +303,32 @@ pub struct RequestPath {
     rest: PathBuf,
 }
 
+/// Where a request's path points, once its text is known to be well formed.
+pub enum PathPlace {
+    /// Below the kubelet directory: a place the driver may mount on.
+    Below(RequestPath),
+    /// Relative, or absolute but outside the kubelet directory: no volume of
+    /// this driver can be mounted there.
+    Elsewhere(String),
+}
+
 impl RequestPath {
-    /// Everything but the filesystem walk: empty, too long, NUL, relative,
-    /// `.`/`..`, or not below `root` are INVALID_ARGUMENT here.
+    /// Everything but the filesystem walk: empty, too long (the whole path or
+    /// one component), NUL, relative, `.`/`..`, or not below `root` are
+    /// INVALID_ARGUMENT here.
     pub fn parse(what: &'static str, root: &Path, p: &str) -> Result<RequestPath> {
+        match Self::place(what, root, p)? {
+            PathPlace::Below(rp) => Ok(rp),
+            PathPlace::Elsewhere(why) => Err(Error::InvalidArgument(why)),
+        }
+    }
+
+    /// For a path that only names where to look for a volume
+    /// (NodeGetVolumeStats, NodeExpandVolume): malformed text is
+    /// INVALID_ARGUMENT; a well-formed path that cannot hold a volume of this
+    /// driver is told apart, for the caller to answer NOT_FOUND once it knows
+    /// the volume exists.
+    pub fn place(what: &'static str, root: &Path, p: &str) -> Result<PathPlace> {
         if p.is_empty() {
             return Err(Error::InvalidArgument(format!("{what} is required")));
         }
@@ -314,10 +338,11 @@ impl RequestPath {
                 truncate(p)
             )));
         }
-        let path = Path::new(p);
-        if !path.is_absolute() {
+        if let Some(seg) = p.split('/').find(|seg| seg.len() > MAX_NAME_LEN) {
             return Err(Error::InvalidArgument(format!(
-                "{what} {p:?} is not absolute"
+                "{what} {:?} has a component of {} bytes (at most {MAX_NAME_LEN})",
+                truncate(p),
+                seg.len()
             )));
         }
         // Path::components() drops inner `.`, so look at the raw segments.
@@ -326,21 +351,41 @@ impl RequestPath {
                 "{what} {p:?} contains '.' or '..'"
             )));
         }
+        let path = Path::new(p);
+        if !path.is_absolute() {
+            return Ok(PathPlace::Elsewhere(format!(
+                "{what} {p:?} is not absolute"
+            )));
+        }
         match path.strip_prefix(root) {
-            Ok(rest) if !rest.as_os_str().is_empty() => Ok(RequestPath {
+            Ok(rest) if !rest.as_os_str().is_empty() => Ok(PathPlace::Below(RequestPath {
                 what,
                 root: root.to_path_buf(),
                 rest: rest.to_path_buf(),
-            }),
-            _ => Err(Error::InvalidArgument(format!(
+            })),
+            _ => Ok(PathPlace::Elsewhere(format!(
                 "{what} {p:?} is not below the kubelet directory {root:?}"
             ))),
         }
     }
 
+    /// Whether the two paths are the same, or one lies inside the other
+    /// (compared as given, before any filesystem walk: both are below the
+    /// same root and free of `.`, `..` and, once resolved, symlinks).
+    pub fn overlaps(&self, other: &RequestPath) -> bool {
+        self.root == other.root
+            && (self.rest.starts_with(&other.rest) || other.rest.starts_with(&self.rest))
+    }
+
     /// The filesystem part (blocking): refuses a symlink anywhere below the
     /// root and returns the path under the root's resolved location.
     pub fn resolve(&self) -> Result<PathBuf> {
+        self.resolve_in().map(|(_, path)| path)
+    }
+
+    /// [`RequestPath::resolve`], with the root's resolved location too: the
+    /// scope in which the CO's own mounts (staging and target paths) live.
+    pub fn resolve_in(&self) -> Result<(PathBuf, PathBuf)> {
         let (what, root) = (self.what, &self.root);
         let mut cur = root.clone();
         for comp in self.rest.components() {
@@ -363,7 +408,8 @@ impl RequestPath {
         // nothing).
         let real_root =
             fs::canonicalize(root).ctx(|| format!("resolving the kubelet directory {root:?}"))?;
-        Ok(real_root.join(&self.rest))
+        let path = real_root.join(&self.rest);
+        Ok((real_root, path))
     }
 }
 
@@ -552,6 +598,8 @@ mod tests {
             format!("{}/pods/a\0b", root.display()),
             root.display().to_string(),
             format!("{}/{}", root.display(), "x".repeat(5000)),
+            // One component over NAME_MAX (the kernel would say ENAMETOOLONG).
+            format!("{}/pods/{}/mount", root.display(), "x".repeat(256)),
         ] {
             let r = check_request_path("target path", root, &bad);
             assert!(
@@ -559,5 +607,36 @@ mod tests {
                 "{bad:?}: {r:?}"
             );
         }
+        let longest = format!("{}/pods/{}", root.display(), "x".repeat(255));
+        check_request_path("target path", root, &longest).unwrap();
+    }
+
+    /// A path that only says where to look: malformed text is still
+    /// INVALID_ARGUMENT, a well-formed path outside the root is `Elsewhere`.
+    #[test]
+    fn lookup_paths_tell_malformed_from_elsewhere() {
+        let root = Path::new("/var/lib/kubelet");
+        for elsewhere in ["some/path", "/etc/passwd", "/var/lib/kubelet"] {
+            let r = RequestPath::place("volume_path", root, elsewhere);
+            assert!(matches!(r, Ok(PathPlace::Elsewhere(_))), "{elsewhere:?}");
+        }
+        let long = format!("/var/lib/kubelet/{}", "y".repeat(256));
+        for bad in ["", "/var/lib/kubelet/../x", "some/../path", "a\0b", &long] {
+            let r = RequestPath::place("volume_path", root, bad);
+            assert!(matches!(r, Err(Error::InvalidArgument(_))), "{bad:?}");
+        }
+        let below = RequestPath::place("volume_path", root, "/var/lib/kubelet/pods/a/mount");
+        assert!(matches!(below, Ok(PathPlace::Below(_))));
+    }
+
+    #[test]
+    fn overlapping_request_paths() {
+        let root = Path::new("/k");
+        let p = |s: &str| RequestPath::parse("p", root, s).unwrap();
+        assert!(p("/k/a/b").overlaps(&p("/k/a/b")));
+        assert!(p("/k/a/b").overlaps(&p("/k/a/b/c")));
+        assert!(p("/k/a/b/c").overlaps(&p("/k/a/b")));
+        assert!(!p("/k/a/b").overlaps(&p("/k/a/bc")));
+        assert!(!p("/k/a/stage").overlaps(&p("/k/a/target")));
     }
 }

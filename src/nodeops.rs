@@ -142,7 +142,16 @@ pub fn fs_type_at(path: &Path) -> Result<Option<String>> {
 
 /// Binds a raw block device onto a file at `target` (created empty if missing,
 /// as the spec asks of the plugin). Already bound from this device: OK.
-pub fn publish_block(dev: &Path, target: &Path, read_only: bool) -> Result<()> {
+/// With `single_writer` (SINGLE_NODE_SINGLE_WRITER), a volume already
+/// published at another target is FAILED_PRECONDITION.
+/// `scope`: the kubelet dir, where other pods' mounts would be.
+pub fn publish_block(
+    dev: &Path,
+    scope: &Path,
+    target: &Path,
+    read_only: bool,
+    single_writer: bool,
+) -> Result<()> {
     let (real, _) = block_device(dev)?;
     let table = MountTable::read()?;
     let want = table
@@ -157,6 +166,9 @@ pub fn publish_block(dev: &Path, target: &Path, read_only: bool) -> Result<()> {
             "target path {target:?} already has another mount ({}:{:?}, read-only {})",
             m.dev, m.root, m.read_only
         )));
+    }
+    if single_writer {
+        refuse_other_mounts(&table, scope, &want, &[target], "published")?;
     }
     match fs::symlink_metadata(target) {
         Ok(md) if md.is_file() => {}
@@ -282,13 +294,66 @@ fn is_deleted_copy(found: &Location, exp: &Location) -> bool {
             == [exp.root.as_os_str().as_bytes(), b"//deleted"].concat()
 }
 
-/// Unmounts a volume's mounts at `path` (unstage: the staging path, whose
-/// directory belongs to the CO and stays). Only mounts of `volume` are
-/// removed (any mount when it is None or cannot be located).
-pub fn unstage(path: &Path, volume: Option<(&Source, AccessType)>) -> Result<()> {
+/// FAILED_PRECONDITION when the volume (`loc`, exactly: mounts of its
+/// subdirectories, like kubelet's subPath binds, are other things) is mounted
+/// anywhere below `scope` (the kubelet dir: where the CO's staging and target
+/// paths are) but at `except`. Mounts elsewhere, like a discovered disk's own
+/// mount point, are not a pod's.
+fn refuse_other_mounts(
+    table: &MountTable,
+    scope: &Path,
+    loc: &Location,
+    except: &[&Path],
+    what: &str,
+) -> Result<()> {
+    let other = table.mounts_of(loc).find(|m| {
+        m.root == loc.root
+            && m.mount_point.starts_with(scope)
+            && !except.contains(&m.mount_point.as_path())
+    });
+    match other {
+        None => Ok(()),
+        Some(m) => Err(Error::FailedPrecondition(format!(
+            "the volume is still {what} at {:?}",
+            m.mount_point
+        ))),
+    }
+}
+
+/// Unmounts a volume's staging mount at `path` (whose directory belongs to
+/// the CO and stays). Only the volume's staged form is removed (any mount
+/// when it is None or cannot be located): a directory's bind or a device's
+/// filesystem; raw block volumes have nothing at their staging path.
+/// `scope`: the kubelet dir, where a pod's mounts of the volume would be.
+pub fn unstage(scope: &Path, path: &Path, volume: Option<&Source>) -> Result<()> {
     let table = MountTable::read()?;
-    let expected = expected_location(&table, volume);
+    let expected = expected_location(&table, volume.map(|s| (s, AccessType::Mount)));
+    if let Some(loc) = &expected {
+        refuse_unstage_while_published(&table, scope, path, loc)?;
+    }
     unmount_all(&table, path, expected.as_ref().map(std::slice::from_ref))
+}
+
+/// A staging mount goes only after every publication of it: while the volume
+/// is also mounted elsewhere, `path` is either a staging path whose pods still
+/// use it, or a pod's target passed off as a staging path. Either way the
+/// mount stays (FAILED_PRECONDITION). Nothing mounted at `path`: nothing to
+/// refuse.
+fn refuse_unstage_while_published(
+    table: &MountTable,
+    scope: &Path,
+    path: &Path,
+    loc: &Location,
+) -> Result<()> {
+    if table.at(path).is_none_or(|m| m.location() != *loc) {
+        return Ok(());
+    }
+    refuse_other_mounts(table, scope, loc, &[path], "published").map_err(|e| match e {
+        Error::FailedPrecondition(m) => {
+            Error::FailedPrecondition(format!("not unstaging {path:?}: {m}; unpublish it first"))
+        }
+        e => e,
+    })
 }
 
 /// Where a device volume's mounts can be, known only by its device path:
@@ -306,21 +371,29 @@ fn device_locations(table: &MountTable, dev: &Path) -> Option<Vec<Location>> {
 /// [`unstage`] of a device volume by its device path alone (no lookup of its
 /// access type). `Ok(false)`, having done nothing, when the device is not
 /// there.
-pub fn unstage_device(path: &Path, dev: &Path) -> Result<bool> {
+/// A staging path only ever holds the device's filesystem (raw block volumes
+/// are not mounted at staging), so a bind of the device node there is a pod's
+/// target and stays.
+pub fn unstage_device(scope: &Path, path: &Path, dev: &Path) -> Result<bool> {
     let table = MountTable::read()?;
     let Some(expected) = device_locations(&table, dev) else {
         return Ok(false);
     };
-    unmount_all(&table, path, Some(&expected))?;
+    let fs = &expected[..1];
+    refuse_unstage_while_published(&table, scope, path, &fs[0])?;
+    unmount_all(&table, path, Some(fs))?;
     Ok(true)
 }
 
 /// [`unpublish`] of a device volume by its device path alone, like
 /// [`unstage_device`].
-pub fn unpublish_device(target: &Path, dev: &Path) -> Result<bool> {
-    if !unstage_device(target, dev)? {
+/// (`_scope` is unused: any number of pods may go.)
+pub fn unpublish_device(_scope: &Path, target: &Path, dev: &Path) -> Result<bool> {
+    let table = MountTable::read()?;
+    let Some(expected) = device_locations(&table, dev) else {
         return Ok(false);
-    }
+    };
+    unmount_all(&table, target, Some(&expected))?;
     remove_target(target)?;
     Ok(true)
 }
@@ -329,14 +402,19 @@ pub fn unpublish_device(target: &Path, dev: &Path) -> Result<bool> {
 /// read-only if asked, with extra per-mount flags. Not staged there (nothing, or
 /// another volume, at `staging`): FAILED_PRECONDITION. Already published the same
 /// way: OK; published with another source or another read-only setting:
-/// ALREADY_EXISTS.
+/// ALREADY_EXISTS. With `single_writer` (SINGLE_NODE_SINGLE_WRITER), a volume
+/// already published at another target below `scope` (the kubelet dir) is
+/// FAILED_PRECONDITION.
+#[allow(clippy::too_many_arguments)]
 pub fn publish(
+    scope: &Path,
     staging: &Path,
     target: &Path,
     src: &Source,
     access: AccessType,
     read_only: bool,
     flags: MountFlags,
+    single_writer: bool,
 ) -> Result<()> {
     let table = MountTable::read()?;
     // The staging path must hold this volume, not whatever is there.
@@ -356,7 +434,6 @@ pub fn publish(
         )));
     }
     let want_ro = read_only || flags.contains(MountFlags::RDONLY);
-    ensure_mount_dir(target)?;
     if let Some(m) = table.at(target) {
         if m.location() == staged && m.read_only == want_ro {
             return Ok(());
@@ -367,6 +444,10 @@ pub fn publish(
             m.read_only
         )));
     }
+    if single_writer {
+        refuse_other_mounts(&table, scope, volume, &[staging, target], "published")?;
+    }
+    ensure_mount_dir(target)?;
     let flags = if want_ro {
         flags | MountFlags::RDONLY
     } else {
@@ -383,7 +464,9 @@ pub fn publish(
 /// gone is fine. Only mounts of `volume` are removed (any mount when it is None
 /// or cannot be located).
 pub fn unpublish(target: &Path, volume: Option<(&Source, AccessType)>) -> Result<()> {
-    unstage(target, volume)?;
+    let table = MountTable::read()?;
+    let expected = expected_location(&table, volume);
+    unmount_all(&table, target, expected.as_ref().map(std::slice::from_ref))?;
     remove_target(target)
 }
 
@@ -401,11 +484,24 @@ fn remove_target(target: &Path) -> Result<()> {
     }
 }
 
-/// Whether `path` is a mount of the volume at `loc`.
-pub fn is_mount_of(path: &Path, loc: &Location) -> Result<bool> {
-    Ok(MountTable::read()?
-        .at(path)
-        .is_some_and(|m| m.location() == *loc))
+/// What is mounted at a path a request says holds a volume.
+#[derive(Debug, PartialEq, Eq)]
+pub enum MountAt {
+    /// The volume (at `loc`) itself.
+    Volume,
+    /// Nothing: the path is a plain file or directory.
+    Nothing,
+    /// Something else, e.g. another volume: the volume is not at this path.
+    Other,
+}
+
+/// What is mounted at `path`, seen from the volume at `loc`.
+pub fn mount_at(path: &Path, loc: &Location) -> Result<MountAt> {
+    Ok(match MountTable::read()?.at(path) {
+        None => MountAt::Nothing,
+        Some(m) if m.location() == *loc || is_deleted_copy(&m.location(), loc) => MountAt::Volume,
+        Some(_) => MountAt::Other,
+    })
 }
 
 #[cfg(test)]
@@ -433,43 +529,46 @@ mod tests {
         fs::create_dir(&staging).unwrap();
         let none = MountFlags::empty();
         stage_device(&lo.dev, &staging, "ext4", none, "").unwrap();
+        let scope = dir.path();
         publish(
+            scope,
             &staging,
             &target,
             &Source::Device(lo.dev.clone()),
             AccessType::Mount,
             false,
             none,
+            false,
         )
         .unwrap();
-        publish_block(&lo.dev, &block, false).unwrap();
+        publish_block(&lo.dev, scope, &block, false, false).unwrap();
         let mounted = |p: &Path| MountTable::read().unwrap().at(p).is_some();
         assert!(mounted(&staging) && mounted(&target) && mounted(&block));
 
         // Another device's name: its mounts are not these. Nothing changes.
         for p in [&target, &block] {
-            let e = unpublish_device(p, &other.dev).unwrap_err();
+            let e = unpublish_device(scope, p, &other.dev).unwrap_err();
             assert!(matches!(e, Error::FailedPrecondition(_)), "{e:?}");
             assert!(mounted(p));
         }
         assert!(matches!(
-            unstage_device(&staging, &other.dev),
+            unstage_device(scope, &staging, &other.dev),
             Err(Error::FailedPrecondition(_))
         ));
         // No such device: nothing is done, the caller must look it up.
         let missing = dir.path().join("no-such-device");
-        assert!(!unpublish_device(&target, &missing).unwrap());
-        assert!(!unstage_device(&staging, &missing).unwrap());
+        assert!(!unpublish_device(scope, &target, &missing).unwrap());
+        assert!(!unstage_device(scope, &staging, &missing).unwrap());
         assert!(mounted(&target) && mounted(&staging));
 
         // The right device: a filesystem bind and a node bind both go, and
         // the target paths with them; repeats are OK.
         for _ in 0..2 {
-            assert!(unpublish_device(&target, &lo.dev).unwrap());
-            assert!(unpublish_device(&block, &lo.dev).unwrap());
+            assert!(unpublish_device(scope, &target, &lo.dev).unwrap());
+            assert!(unpublish_device(scope, &block, &lo.dev).unwrap());
         }
         assert!(!target.exists() && !block.exists());
-        assert!(unstage_device(&staging, &lo.dev).unwrap());
+        assert!(unstage_device(scope, &staging, &lo.dev).unwrap());
         assert!(!mounted(&staging) && staging.exists());
     }
 }

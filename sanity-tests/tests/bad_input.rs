@@ -173,6 +173,18 @@ impl Fixture {
     }
 }
 
+/// Whether a bad path is well formed but not below the kubelet dir `k`
+/// (relative, or elsewhere): no volume of the driver can be there.
+fn elsewhere(k: &str, p: &str) -> bool {
+    !p.is_empty()
+        && p.len() <= 4096
+        && !p.contains('\0')
+        && !p.split('/').any(|s| s == "." || s == ".." || s.len() > 255)
+        && !p
+            .strip_prefix(k)
+            .is_some_and(|rest| rest.len() > 1 && rest.starts_with('/'))
+}
+
 /// Ids that are never a volume and must never reach a path.
 fn bad_ids() -> Vec<(&'static str, String)> {
     vec![
@@ -261,6 +273,12 @@ async fn node_rpcs_refuse_paths_outside_the_kubelet_dir() {
             Code::InvalidArgument,
         );
 
+        // Stats and expansion only look the volume up at their path: one
+        // that is well formed but outside the kubelet dir cannot hold it.
+        let lookup = match elsewhere(&path_str(&f.d.kubelet_dir()), &p) {
+            true => Code::NotFound,
+            false => Code::InvalidArgument,
+        };
         let r = n
             .node_get_volume_stats(csi::NodeGetVolumeStatsRequest {
                 volume_id: vol.clone(),
@@ -268,11 +286,7 @@ async fn node_rpcs_refuse_paths_outside_the_kubelet_dir() {
                 staging_target_path: String::new(),
             })
             .await;
-        f.expect(
-            &format!("NodeGetVolumeStats {what}"),
-            r,
-            Code::InvalidArgument,
-        );
+        f.expect(&format!("NodeGetVolumeStats {what}"), r, lookup);
 
         let r = n
             .node_expand_volume(csi::NodeExpandVolumeRequest {
@@ -281,11 +295,7 @@ async fn node_rpcs_refuse_paths_outside_the_kubelet_dir() {
                 ..Default::default()
             })
             .await;
-        f.expect(
-            &format!("NodeExpandVolume {what}"),
-            r,
-            Code::InvalidArgument,
-        );
+        f.expect(&format!("NodeExpandVolume {what}"), r, lookup);
     }
     assert!(!Path::new(&good_target).exists());
     // The fixture's volume still works end to end.

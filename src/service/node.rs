@@ -10,11 +10,11 @@ use crate::blockdev::{self, Content, FsType};
 use crate::csi;
 use crate::csi::node_service_capability::{rpc::Type as RpcType, Rpc, Type as CapType};
 use crate::error::{blocking, Error, Result};
-use crate::fsutil::{self, RequestPath};
+use crate::fsutil::{self, PathPlace, RequestPath};
 use crate::ids::{check_text, truncate};
-use crate::mount::{parse_bind_flag, Location};
-use crate::nodeops;
-use crate::pool::{AccessType, Pool, Source, Volume};
+use crate::mount::parse_bind_flag;
+use crate::nodeops::{self, MountAt};
+use crate::pool::{AccessMode, AccessType, Pool, Source, Volume};
 use sys_mount::MountFlags;
 
 pub struct NodeService {
@@ -48,42 +48,96 @@ impl NodeService {
         &self,
         volume_id: &str,
         path: &RequestPath,
-        op: fn(&Path, &Path) -> Result<bool>,
+        op: fn(&Path, &Path, &Path) -> Result<bool>,
     ) -> Result<bool> {
         let Some((id, dev)) = self.driver.device_of("volume_id", volume_id)? else {
             return Ok(false);
         };
         let _guard = self.driver.lock_volume(&id)?;
         let path = path.clone();
-        blocking(move || op(&path.resolve()?, &dev)).await
+        blocking(move || {
+            let (scope, path) = path.resolve_in()?;
+            op(&scope, &path, &dev)
+        })
+        .await
     }
 
-    /// Call it after every other argument is decoded: a missing path is
-    /// NOT_FOUND, which must not mask an invalid one.
-    async fn existing_path(&self, what: &'static str, rp: RequestPath) -> Result<PathBuf> {
+    /// Where a NodeGetVolumeStats or NodeExpandVolume request says the volume
+    /// is. Call it after every other argument is decoded and the volume was
+    /// found: the answers here are NOT_FOUND (the volume is not at that path),
+    /// which must not mask an invalid argument or an unknown volume. One
+    /// blocking call resolves the path, checks it exists and reads what is
+    /// mounted there.
+    ///
+    /// NOT_FOUND: the path cannot hold a volume of this driver (relative, or
+    /// outside the kubelet dir), does not exist, or holds another mount.
+    /// Otherwise the path, and `Err(why)` when the volume is not mounted there
+    /// (a plain directory, or the volume cannot be located).
+    async fn volume_path(
+        &self,
+        place: PathPlace,
+        pool: &Arc<dyn Pool>,
+        vol: &Volume,
+    ) -> Result<(PathBuf, std::result::Result<(), String>)> {
+        let rp = match place {
+            PathPlace::Below(rp) => rp,
+            PathPlace::Elsewhere(why) => {
+                return Err(Error::NotFound(format!(
+                    "volume {} is not at that path: {why}",
+                    vol.id
+                )))
+            }
+        };
+        let (src, access, id) = (pool.source(vol)?, vol.access_type, vol.id.clone());
         blocking(move || {
             let path = rp.resolve()?;
-            match std::fs::symlink_metadata(&path) {
-                Ok(_) => Ok(path),
-                Err(_) => Err(Error::NotFound(format!("{what} {path:?} does not exist"))),
+            if std::fs::symlink_metadata(&path).is_err() {
+                return Err(Error::NotFound(format!(
+                    "volume_path {path:?} does not exist"
+                )));
+            }
+            let loc = match nodeops::volume_location(&src, access) {
+                Ok(loc) => loc,
+                Err(e) => return Ok((path, Err(e.to_string()))),
+            };
+            match nodeops::mount_at(&path, &loc)? {
+                MountAt::Volume => Ok((path, Ok(()))),
+                MountAt::Nothing => {
+                    let why = format!("{path:?} is not a mount of this volume");
+                    Ok((path, Err(why)))
+                }
+                MountAt::Other => Err(Error::NotFound(format!(
+                    "volume {id} is not at {path:?}: another mount is there"
+                ))),
             }
         })
         .await
     }
+
+    /// The `volume_path` of NodeGetVolumeStats / NodeExpandVolume, decoded:
+    /// malformed text is INVALID_ARGUMENT, a well-formed path where no volume
+    /// can be is answered later, once the volume is known to exist.
+    fn lookup_path(&self, p: &str) -> Result<PathPlace> {
+        RequestPath::place("volume_path", &self.driver.kubelet_dir, p)
+    }
 }
 
-/// The capability a node call was given, checked against the volume.
-fn node_capability(c: Option<&csi::VolumeCapability>, vol: &Volume) -> Result<Capability> {
-    let cap = decode_capability(
+/// Decodes the capability a node call was given (required).
+fn node_capability(c: Option<&csi::VolumeCapability>) -> Result<Capability> {
+    decode_capability(
         c.ok_or_else(|| Error::InvalidArgument("volume_capability is required".into()))?,
-    )?;
+    )
+}
+
+/// The capability's access type must be the volume's.
+fn check_access_type(cap: &Capability, vol: &Volume) -> Result<()> {
     if cap.access_type != vol.access_type {
         return Err(Error::InvalidArgument(format!(
             "volume {} is a {:?} volume; the capability asks for {:?}",
             vol.id, vol.access_type, cap.access_type
         )));
     }
-    Ok(cap)
+    Ok(())
 }
 
 /// Mount flags split into per-mount flags and filesystem options. Directory
@@ -119,14 +173,6 @@ fn mount_options(cap: &Capability, src: &Source) -> Result<MountOptions> {
         }
     }
     Ok(out)
-}
-
-/// Where this volume's data is and how its mounts show in the mount table.
-async fn locate(pool: &Arc<dyn Pool>, vol: &Volume) -> Result<(Source, Location)> {
-    let src = pool.source(vol)?;
-    let (s, access) = (src.clone(), vol.access_type);
-    let loc = blocking(move || nodeops::volume_location(&s, access)).await?;
-    Ok((src, loc))
 }
 
 /// Picks the filesystem for a device volume and creates it if the device is
@@ -174,13 +220,9 @@ impl csi::node_server::Node for NodeService {
         rpc("NodeStageVolume", &req.volume_id, async {
             check_text("volume_id", &req.volume_id)?;
             let staging = self.request_path("staging_target_path", &req.staging_target_path)?;
-            if req.volume_capability.is_none() {
-                return Err(Error::InvalidArgument(
-                    "volume_capability is required".into(),
-                ));
-            }
+            let cap = node_capability(req.volume_capability.as_ref())?;
             let (id, pool, vol) = self.driver.require("volume_id", &req.volume_id).await?;
-            let cap = node_capability(req.volume_capability.as_ref(), &vol)?;
+            check_access_type(&cap, &vol)?;
             let src = pool.source(&vol)?;
             let opts = mount_options(&cap, &src)?;
             let _guard = self.driver.lock_volume(&id)?;
@@ -256,9 +298,10 @@ impl csi::node_server::Node for NodeService {
             }
             let (id, pool, vol) = self.driver.require("volume_id", &req.volume_id).await?;
             let _guard = self.driver.lock_volume(&id)?;
-            let (src, access) = (pool.source(&vol).ok(), vol.access_type);
+            let src = pool.source(&vol).ok();
             blocking(move || {
-                nodeops::unstage(&staging.resolve()?, src.as_ref().map(|s| (s, access)))
+                let (scope, staging) = staging.resolve_in()?;
+                nodeops::unstage(&scope, &staging, src.as_ref())
             })
             .await?;
             Ok(csi::NodeUnstageVolumeResponse {})
@@ -274,32 +317,55 @@ impl csi::node_server::Node for NodeService {
         rpc("NodePublishVolume", &req.volume_id, async {
             check_text("volume_id", &req.volume_id)?;
             let target = self.request_path("target_path", &req.target_path)?;
-            if req.volume_capability.is_none() {
-                return Err(Error::InvalidArgument(
-                    "volume_capability is required".into(),
-                ));
+            let cap = node_capability(req.volume_capability.as_ref())?;
+            // Raw block volumes are published from the device and need no
+            // staging path; any given is still checked.
+            let staging = match req.staging_target_path.as_str() {
+                "" => None,
+                s => Some(self.request_path("staging_target_path", s)?),
+            };
+            if staging.as_ref().is_some_and(|s| s.overlaps(&target)) {
+                return Err(Error::InvalidArgument(format!(
+                    "target_path {:?} is, or overlaps, the staging path {:?}: a pod's mount must be its own",
+                    req.target_path, req.staging_target_path
+                )));
             }
             let (id, pool, vol) = self.driver.require("volume_id", &req.volume_id).await?;
-            let cap = node_capability(req.volume_capability.as_ref(), &vol)?;
+            check_access_type(&cap, &vol)?;
             let src = pool.source(&vol)?;
             let opts = mount_options(&cap, &src)?;
             let read_only = req.readonly || cap.mode.read_only();
+            let single_writer = cap.mode == AccessMode::SingleNodeSingleWriter;
             if let (Source::Device(dev), AccessType::Block) = (&src, vol.access_type) {
                 let dev = dev.clone();
                 let _guard = self.driver.lock_volume(&id)?;
                 if vol.inactive {
                     pool.activate(&vol).await?;
                 }
-                blocking(move || nodeops::publish_block(&dev, &target.resolve()?, read_only))
-                    .await?;
+                blocking(move || {
+                    let (scope, target) = target.resolve_in()?;
+                    nodeops::publish_block(&dev, &scope, &target, read_only, single_writer)
+                })
+                .await?;
                 return Ok(csi::NodePublishVolumeResponse {});
             }
-            let staging = self.request_path("staging_target_path", &req.staging_target_path)?;
+            let staging = staging.ok_or_else(|| {
+                Error::InvalidArgument("staging_target_path is required".into())
+            })?;
             let _guard = self.driver.lock_volume(&id)?;
             let access = vol.access_type;
             blocking(move || {
-                let (staging, target) = (staging.resolve()?, target.resolve()?);
-                nodeops::publish(&staging, &target, &src, access, read_only, opts.flags)
+                let (staging, (scope, target)) = (staging.resolve()?, target.resolve_in()?);
+                nodeops::publish(
+                    &scope,
+                    &staging,
+                    &target,
+                    &src,
+                    access,
+                    read_only,
+                    opts.flags,
+                    single_writer,
+                )
             })
             .await?;
             Ok(csi::NodePublishVolumeResponse {})
@@ -357,21 +423,11 @@ impl csi::node_server::Node for NodeService {
         let req = req.into_inner();
         rpc("NodeGetVolumeStats", &req.volume_id, async {
             check_text("volume_id", &req.volume_id)?;
-            let path = self.request_path("volume_path", &req.volume_path)?;
+            let place = self.lookup_path(&req.volume_path)?;
             let (_, pool, vol) = self.driver.require("volume_id", &req.volume_id).await?;
-            let path = self.existing_path("volume_path", path).await?;
+            let (path, mounted) = self.volume_path(place, &pool, &vol).await?;
             let usage = pool.usage(&vol).await?;
-            let mut condition = pool.condition(&vol).await?;
-            if condition.is_none() {
-                condition = match locate(&pool, &vol).await {
-                    Err(e) => Some(e.to_string()),
-                    Ok((_, loc)) => {
-                        let p = path.clone();
-                        let mounted = blocking(move || nodeops::is_mount_of(&p, &loc)).await?;
-                        (!mounted).then(|| format!("{path:?} is not a mount of this volume"))
-                    }
-                };
-            }
+            let condition = pool.condition(&vol).await?.or(mounted.err());
             let block = vol.access_type == AccessType::Block;
             let stats = if block {
                 None
@@ -435,17 +491,28 @@ impl csi::node_server::Node for NodeService {
         let req = req.into_inner();
         rpc("NodeExpandVolume", &req.volume_id, async {
             check_text("volume_id", &req.volume_id)?;
-            let path = self.request_path("volume_path", &req.volume_path)?;
+            let place = self.lookup_path(&req.volume_path)?;
             let staging = match req.staging_target_path.as_str() {
                 "" => None,
                 s => Some(self.path("staging_target_path", s).await?),
             };
             let range = super::controller::decode_range(req.capacity_range.as_ref())?;
+            let cap = match req.volume_capability.as_ref() {
+                Some(c) => Some(decode_capability(c)?),
+                None => None,
+            };
             let (id, pool, vol) = self.driver.require("volume_id", &req.volume_id).await?;
-            if let Some(c) = req.volume_capability.as_ref() {
-                node_capability(Some(c), &vol)?;
+            if let Some(cap) = &cap {
+                check_access_type(cap, &vol)?;
             }
-            let path = self.existing_path("volume_path", path).await?;
+            // Only a path that holds this volume: never resize a volume on
+            // the word of a path that is another volume's (or nothing).
+            let (path, mounted) = self.volume_path(place, &pool, &vol).await?;
+            if let Err(why) = mounted {
+                return Err(Error::FailedPrecondition(format!(
+                    "not expanding volume {id}: {why}; publish or stage it first"
+                )));
+            }
             let _guard = self.driver.lock_volume(&id)?;
             // The volume lives here, so the node applies the size: this is what
             // makes a central resizer work, whose ControllerExpandVolume may run
