@@ -1,4 +1,5 @@
-//! The driver's error type, and the one place where errors become `tonic::Status`.
+//! The driver's error type. `service/` is the one place where errors become
+//! gRPC statuses.
 //!
 //! Backends and helpers return [`Error`]; only the `From<Error> for Status` impl
 //! below decides which gRPC code a failure gets.
@@ -63,43 +64,6 @@ impl<T> IoContext<T> for io::Result<T> {
 impl<T> IoContext<T> for nix::Result<T> {
     fn ctx<F: FnOnce() -> String>(self, f: F) -> Result<T> {
         self.map_err(|e| Error::io(f(), io::Error::from(e)))
-    }
-}
-
-impl From<Error> for tonic::Status {
-    fn from(e: Error) -> Self {
-        use tonic::Code;
-        let code = match &e {
-            Error::InvalidArgument(_) => Code::InvalidArgument,
-            Error::NotFound(_) => Code::NotFound,
-            Error::AlreadyExists(_) => Code::AlreadyExists,
-            Error::ResourceExhausted(_) => Code::ResourceExhausted,
-            Error::OutOfRange(_) => Code::OutOfRange,
-            Error::Aborted(_) => Code::Aborted,
-            Error::FailedPrecondition(_) => Code::FailedPrecondition,
-            Error::Unavailable(_) => Code::Unavailable,
-            Error::Io { source, .. } if source.raw_os_error() == Some(libc::ENOSPC) => {
-                Code::ResourceExhausted
-            }
-            Error::Io { source, .. } if source.raw_os_error() == Some(libc::EDQUOT) => {
-                Code::ResourceExhausted
-            }
-            Error::Command(c) if c.is_timeout() => Code::DeadlineExceeded,
-            Error::Io { .. } | Error::Command(_) | Error::Internal(_) => Code::Internal,
-        };
-        // Keep the whole source chain in the message: it is what an operator reads
-        // in `kubectl describe`.
-        let mut msg = e.to_string();
-        let mut src = std::error::Error::source(&e);
-        while let Some(s) = src {
-            let s_str = s.to_string();
-            if !msg.contains(&s_str) {
-                msg.push_str(": ");
-                msg.push_str(&s_str);
-            }
-            src = s.source();
-        }
-        tonic::Status::new(code, msg)
     }
 }
 

@@ -6,6 +6,9 @@
 
 use std::fmt;
 
+/// Topology key every volume and node is labelled with (`<key>=<node name>`).
+pub const TOPOLOGY_KEY: &str = "topology.localvol.csi.dev/node";
+
 use sha2::{Digest, Sha256};
 
 use crate::error::{Error, Result};

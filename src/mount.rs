@@ -12,8 +12,10 @@
 //! it again.
 
 use std::ffi::OsString;
-use std::io::Read;
+use std::fs;
+use std::io::{ErrorKind, Read};
 use std::os::unix::ffi::OsStringExt;
+use std::os::unix::fs::FileTypeExt;
 use std::path::{Path, PathBuf};
 
 use sys_mount::{Mount, MountFlags, UnmountFlags};
@@ -304,6 +306,31 @@ pub fn mount_device(
 /// Unmounts the top mount at `target` (blocking).
 pub fn unmount(target: &Path) -> Result<()> {
     sys_mount::unmount(target, UnmountFlags::empty()).ctx(|| format!("unmounting {target:?}"))
+}
+
+/// The device node behind a device path (following `/dev/<vg>/<lv>` symlinks),
+/// checked to be a block device.
+pub fn block_device(dev: &Path) -> Result<(PathBuf, fs::Metadata)> {
+    let real = fs::canonicalize(dev).map_err(|e| match e.kind() {
+        ErrorKind::NotFound => Error::NotFound(format!("device {dev:?} is missing")),
+        _ => Error::io(format!("resolving {dev:?}"), e),
+    })?;
+    let md = fs::metadata(&real).ctx(|| format!("inspecting {real:?}"))?;
+    if !md.file_type().is_block_device() {
+        return Err(Error::FailedPrecondition(format!(
+            "{dev:?} is not a block device"
+        )));
+    }
+    Ok((real, md))
+}
+
+/// Where a device node itself (not its filesystem) shows in `table`: what a
+/// bind of the node, such as a raw block volume's publication, looks like.
+pub fn locate_device_node(table: &MountTable, dev: &Path) -> Result<Location> {
+    let (real, _) = block_device(dev)?;
+    table
+        .locate(&real)
+        .ok_or_else(|| Error::Internal(format!("no mount holds {real:?}")))
 }
 
 #[cfg(test)]

@@ -22,7 +22,7 @@
 
 use std::fs;
 use std::io::ErrorKind;
-use std::os::unix::fs::{FileTypeExt, MetadataExt};
+use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 
 use sys_mount::MountFlags;
@@ -50,22 +50,6 @@ pub fn locate_dir(table: &MountTable, src: &Path) -> Result<Location> {
         .ok_or_else(|| Error::Internal(format!("no mount holds {src:?}")))
 }
 
-/// The device node behind a device path (following `/dev/<vg>/<lv>` symlinks),
-/// checked to be a block device.
-fn block_device(dev: &Path) -> Result<(PathBuf, fs::Metadata)> {
-    let real = fs::canonicalize(dev).map_err(|e| match e.kind() {
-        ErrorKind::NotFound => Error::NotFound(format!("device {dev:?} is missing")),
-        _ => Error::io(format!("resolving {dev:?}"), e),
-    })?;
-    let md = fs::metadata(&real).ctx(|| format!("inspecting {real:?}"))?;
-    if !md.file_type().is_block_device() {
-        return Err(Error::FailedPrecondition(format!(
-            "{dev:?} is not a block device"
-        )));
-    }
-    Ok((real, md))
-}
-
 /// What a mount of this volume looks like in the mount table: for a directory,
 /// the directory's location; for a device's filesystem, the device's
 /// `major:minor` and `/`; for a raw block volume, the device node's location.
@@ -79,19 +63,14 @@ pub fn locate_volume(table: &MountTable, src: &Source, access: AccessType) -> Re
     match (src, access) {
         (Source::Directory(p), _) => locate_dir(table, p),
         (Source::Device(dev), AccessType::Mount) => {
-            let (_, md) = block_device(dev)?;
+            let (_, md) = mount::block_device(dev)?;
             let rdev = md.rdev();
             Ok(Location {
                 dev: format!("{}:{}", libc::major(rdev), libc::minor(rdev)),
                 root: PathBuf::from("/"),
             })
         }
-        (Source::Device(dev), AccessType::Block) => {
-            let (real, _) = block_device(dev)?;
-            table
-                .locate(&real)
-                .ok_or_else(|| Error::Internal(format!("no mount holds {real:?}")))
-        }
+        (Source::Device(dev), AccessType::Block) => mount::locate_device_node(table, dev),
     }
 }
 
@@ -152,7 +131,7 @@ pub fn publish_block(
     read_only: bool,
     single_writer: bool,
 ) -> Result<()> {
-    let (real, _) = block_device(dev)?;
+    let (real, _) = mount::block_device(dev)?;
     let table = MountTable::read()?;
     let want = table
         .locate(&real)

@@ -13,14 +13,10 @@ use crate::config::Config;
 use crate::csi::{
     controller_server::ControllerServer, identity_server::IdentityServer, node_server::NodeServer,
 };
+use crate::driver::{Driver, Identity};
 use crate::endpoint::Endpoint;
 use crate::error::{Error, IoContext, Result};
-use crate::ids::check_node_id;
-use crate::locks::VolumeLocks;
-use crate::pool::Pools;
-use crate::service::{
-    controller::ControllerService, identity::IdentityService, node::NodeService, Driver,
-};
+use crate::service::{controller::ControllerService, identity::IdentityService, node::NodeService};
 
 pub const DEFAULT_DRIVER_NAME: &str = "localvol.csi.dev";
 
@@ -39,34 +35,12 @@ pub struct ServeOptions {
 
 /// Opens the pools and assembles the shared driver state.
 pub async fn build_driver(opts: &ServeOptions) -> Result<Arc<Driver>> {
-    check_node_id(&opts.node_id)?;
-    if !opts.kubelet_dir.is_absolute() {
-        return Err(Error::InvalidArgument(format!(
-            "kubelet dir {:?} must be absolute",
-            opts.kubelet_dir
-        )));
-    }
-    let pools = Pools::open(&opts.config).await?;
-    let statics = match opts.config.discovery.clone() {
-        Some(d) => Some(Arc::new(
-            crate::error::blocking(move || {
-                let state = d.state_dir.clone();
-                crate::discovery::node::StaticPool::open(d, &state)
-            })
-            .await?,
-        )),
-        None => None,
-    };
-    Ok(Arc::new(Driver {
-        name: opts.driver_name.clone(),
-        version: env!("CARGO_PKG_VERSION").to_owned(),
+    let who = Identity {
+        driver_name: opts.driver_name.clone(),
         node_id: opts.node_id.clone(),
-        pools,
-        locks: VolumeLocks::default(),
         kubelet_dir: opts.kubelet_dir.clone(),
-        max_volumes_per_node: opts.config.max_volumes_per_node,
-        statics,
-    }))
+    };
+    Driver::open(&who, &opts.config).await
 }
 
 /// Serves until `shutdown` resolves, then removes the socket.
@@ -131,7 +105,7 @@ async fn run_discovery(driver: Arc<Driver>, statics: Arc<crate::discovery::node:
             Ok(client) => {
                 tracing::info!("static discovery: watching this node's PVs");
                 let d = Discoverer::new(client, &driver.name, &driver.node_id, statics)
-                    .with_driver_locks(driver.clone());
+                    .with_volume_locks(driver.locks.clone());
                 Arc::new(d).run(DISCOVERY_INTERVAL).await;
                 return;
             }
@@ -144,12 +118,12 @@ async fn run_discovery(driver: Arc<Driver>, statics: Arc<crate::discovery::node:
 }
 
 /// Reports (or reclaims) volumes no PV refers to, once there is a cluster.
-async fn run_orphans(driver: Arc<Driver>, cfg: crate::discovery::orphans::OrphansConfig) {
+async fn run_orphans(driver: Arc<Driver>, cfg: crate::orphans::OrphansConfig) {
     use crate::discovery::k8s::in_cluster_client;
     loop {
         match in_cluster_client().await {
             Ok(client) => {
-                let o = crate::discovery::orphans::Orphans::new(driver, cfg);
+                let o = crate::orphans::Orphans::new(driver, cfg);
                 Arc::new(o).run(client, DISCOVERY_INTERVAL * 5).await;
                 return;
             }

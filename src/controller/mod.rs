@@ -26,7 +26,7 @@ use kube::runtime::{watcher, WatchStreamExt};
 use kube::Client;
 use tokio::sync::Mutex;
 
-use crate::service::TOPOLOGY_KEY;
+use crate::ids::TOPOLOGY_KEY;
 
 pub mod lease;
 pub mod nodeloss;

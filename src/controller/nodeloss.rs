@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 
 use k8s_openapi::api::core::v1::PersistentVolume;
 
-use crate::service::TOPOLOGY_KEY;
+use crate::ids::TOPOLOGY_KEY;
 
 /// Opt-in annotation on a PVC (or its StorageClass): delete the claim too
 /// when its node is lost, so a StatefulSet pod can be rescheduled elsewhere.

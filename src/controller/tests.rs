@@ -17,7 +17,7 @@ use serde_json::{json, Value};
 use super::lease::Elector;
 use super::nodeloss::ANN_DELETE_ON_NODE_LOSS;
 use super::{NodeLoss, PassReport};
-use crate::service::TOPOLOGY_KEY;
+use crate::ids::TOPOLOGY_KEY;
 
 const DRIVER: &str = "localvol.csi.dev";
 

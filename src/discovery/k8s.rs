@@ -60,7 +60,7 @@ pub struct Discoverer {
     warned: Mutex<BTreeSet<String>>,
     /// The node service's volume locks: a cleanup holds the volume's lock, so
     /// a NodeStage/NodePublish of it cannot start while it is being wiped.
-    locks: Option<Arc<crate::service::Driver>>,
+    locks: Option<Arc<crate::locks::VolumeLocks>>,
 }
 
 impl Discoverer {
@@ -81,8 +81,8 @@ impl Discoverer {
     }
 
     /// Shares the node service's volume locks (see the `locks` field).
-    pub fn with_driver_locks(mut self, driver: Arc<crate::service::Driver>) -> Self {
-        self.locks = Some(driver);
+    pub fn with_volume_locks(mut self, locks: Arc<crate::locks::VolumeLocks>) -> Self {
+        self.locks = Some(locks);
         self
     }
 
@@ -205,10 +205,7 @@ impl Discoverer {
         }
         // Busy (a node RPC on this volume is running): next pass.
         let _guard = match &self.locks {
-            Some(d) => match d
-                .locks
-                .try_lock(&h.entry_key, &format!("static volume {h}"))
-            {
+            Some(locks) => match locks.try_lock(&h.entry_key, &format!("static volume {h}")) {
                 Ok(g) => Some(g),
                 Err(_) => return Ok(()),
             },
@@ -797,18 +794,17 @@ mod tests {
     async fn scenario_volume_busy_on_the_node_is_not_cleaned() {
         let mut s = Scenario::new("a node RPC holds the volume: cleanup waits");
         let tmp = tempfile::tempdir().unwrap();
-        let driver = crate::server::build_driver(&crate::server::ServeOptions {
-            endpoint: crate::endpoint::Endpoint::Unix(tmp.path().join("csi.sock")),
-            node_id: NODE.into(),
-            driver_name: DRIVER.into(),
-            config: crate::config::Config::embedded(tmp.path()),
-            kubelet_dir: tmp.path().join("kubelet"),
-            socket_group: None,
-            metrics_addr: None,
-        })
+        let driver = crate::driver::Driver::open(
+            &crate::driver::Identity {
+                driver_name: DRIVER.into(),
+                node_id: NODE.into(),
+                kubelet_dir: tmp.path().join("kubelet"),
+            },
+            &crate::config::Config::embedded(tmp.path()),
+        )
         .await
         .unwrap();
-        s.discoverer.locks = Some(driver.clone());
+        s.discoverer.locks = Some(driver.locks.clone());
         let pv = s.our_pv("Released");
         s.put(&pv);
         let guard = driver

@@ -1,5 +1,5 @@
 //! The node's view of static volumes: a read-only [`Pool`] that the node
-//! service finds through [`crate::service::Driver::find`], so NodeStage,
+//! service finds through [`crate::driver::Driver::find`], so NodeStage,
 //! NodePublish, their inverses and NodeGetVolumeStats take the normal path.
 //!
 //! Filesystem entries are directory sources (the discovered mount point is

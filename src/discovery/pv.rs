@@ -20,7 +20,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 
 use super::scan::{Discovered, EntryKind};
 use super::{hex_digest, DiscoveryClass, StaticHandle};
-use crate::service::TOPOLOGY_KEY;
+use crate::ids::TOPOLOGY_KEY;
 
 /// Label on every static PV (the cache's selector with [`LABEL_NODE`]).
 pub const LABEL_STATIC: &str = "localvol.csi.dev/static";

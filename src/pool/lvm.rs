@@ -922,7 +922,7 @@ impl Pool for LvmPool {
         let dev = PathBuf::from(format!("/dev/{}", self.lv_path(&lv.name)));
         let bound = crate::error::blocking(move || {
             let table = crate::mount::MountTable::read()?;
-            match crate::nodeops::locate_volume(&table, &Source::Device(dev), AccessType::Block) {
+            match crate::mount::locate_device_node(&table, &dev) {
                 Ok(loc) => Ok(table.mounts_of(&loc).next().map(|m| m.mount_point.clone())),
                 // Not active: no device node to bind.
                 Err(Error::NotFound(_)) => Ok(None),

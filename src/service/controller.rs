@@ -31,7 +31,7 @@ impl ControllerService {
             volume_id: v.id.clone(),
             volume_context: HashMap::new(),
             content_source: None,
-            accessible_topology: vec![self.driver.topology()],
+            accessible_topology: vec![super::topology(&self.driver)],
         }
     }
 
@@ -44,7 +44,7 @@ impl ControllerService {
         if t.requisite
             .iter()
             .chain(&t.preferred)
-            .any(|seg| self.driver.is_this_node(seg))
+            .any(|seg| super::is_this_node(&self.driver, seg))
         {
             return Ok(());
         }
@@ -420,7 +420,7 @@ impl csi::controller_server::Controller for ControllerService {
             let elsewhere = req
                 .accessible_topology
                 .as_ref()
-                .is_some_and(|t| !d.is_this_node(t));
+                .is_some_and(|t| !super::is_this_node(d, t));
             let unsupported = caps.iter().any(|c| !pool.supports(c.access_type));
             if elsewhere || unsupported {
                 return Ok(csi::GetCapacityResponse {

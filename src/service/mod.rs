@@ -5,25 +5,20 @@
 
 use std::collections::{BTreeMap, HashMap};
 use std::future::Future;
-use std::path::PathBuf;
-use std::sync::Arc;
 use std::time::Instant;
 
 use tonic::{Code, Response, Status};
 
 use crate::csi;
 use crate::csi::volume_capability::access_mode::Mode;
+pub use crate::driver::{Driver, TOPOLOGY_KEY};
 use crate::error::{Error, Result};
-use crate::ids::{truncate, ParsedId, PoolName, VolumeId};
-use crate::locks::VolumeLocks;
-use crate::pool::{AccessMode, AccessType, Pool, Pools, Volume};
+use crate::ids::{truncate, PoolName};
+use crate::pool::{AccessMode, AccessType};
 
 pub mod controller;
 pub mod identity;
 pub mod node;
-
-/// Topology key every volume and node is labelled with.
-pub const TOPOLOGY_KEY: &str = "topology.localvol.csi.dev/node";
 
 /// StorageClass parameter that picks a pool.
 pub const PARAM_POOL: &str = "pool";
@@ -32,103 +27,16 @@ pub const PARAM_INODE_LIMIT: &str = "inodeLimit";
 /// Prefix of the parameters Kubernetes' sidecars add (`--extra-create-metadata`).
 pub const K8S_PARAM_PREFIX: &str = "csi.storage.k8s.io/";
 
-/// State shared by the three services.
-pub struct Driver {
-    pub name: String,
-    pub version: String,
-    pub node_id: String,
-    pub pools: Pools,
-    pub locks: VolumeLocks,
-    /// Staging and target paths must lie below this directory.
-    pub kubelet_dir: PathBuf,
-    pub max_volumes_per_node: i64,
-    /// Statically discovered volumes (config `discovery:`), found by handle.
-    pub statics: Option<Arc<crate::discovery::node::StaticPool>>,
+/// This node's topology segment, as every volume and NodeGetInfo carry it.
+pub fn topology(driver: &Driver) -> csi::Topology {
+    csi::Topology {
+        segments: HashMap::from([(TOPOLOGY_KEY.to_owned(), driver.node_id.clone())]),
+    }
 }
 
-impl Driver {
-    pub fn topology(&self) -> csi::Topology {
-        csi::Topology {
-            segments: HashMap::from([(TOPOLOGY_KEY.to_owned(), self.node_id.clone())]),
-        }
-    }
-
-    /// Whether a topology segment from a request names this node.
-    pub fn is_this_node(&self, t: &csi::Topology) -> bool {
-        t.segments.get(TOPOLOGY_KEY) == Some(&self.node_id)
-    }
-
-    /// Ready when every pool passes its check: what Probe and `/readyz` say.
-    pub async fn readiness(&self) -> std::result::Result<(), String> {
-        for pool in self.pools.iter() {
-            if let Err(e) = pool.check().await {
-                return Err(format!("pool {}: {e}", pool.name()));
-            }
-        }
-        Ok(())
-    }
-
-    /// Finds a volume by a request's id. `Ok(None)` when it does not exist
-    /// (including ids that are not ours at all).
-    pub async fn find(
-        &self,
-        what: &str,
-        raw: &str,
-    ) -> Result<Option<(VolumeId, Arc<dyn Pool>, Volume)>> {
-        if let Some(statics) = &self.statics {
-            crate::ids::check_text(what, raw)?;
-            if let Some(found) = statics.find(raw).await? {
-                return Ok(Some(found));
-            }
-        }
-        let ParsedId::Volume(id) = VolumeId::parse(what, raw)? else {
-            return Ok(None);
-        };
-        let Some(pool) = self.pools.get(&id.pool) else {
-            return Ok(None);
-        };
-        let pool = pool.clone();
-        Ok(pool.get(&id).await?.map(|v| (id, pool, v)))
-    }
-
-    /// Takes the volume's operation lock (ABORTED while another operation on
-    /// it runs); released when the guard drops.
-    pub fn lock_volume(&self, id: &VolumeId) -> Result<crate::locks::VolumeGuard> {
-        self.locks
-            .try_lock(id.key.as_str(), &format!("volume {id}"))
-    }
-
-    /// Like [`Driver::lock_volume`], for a snapshot.
-    pub fn lock_snapshot(&self, id: &VolumeId) -> Result<crate::locks::VolumeGuard> {
-        self.locks
-            .try_lock(id.key.as_str(), &format!("snapshot {id}"))
-    }
-
-    /// For unstage and unpublish: the id and device of a volume whose pool
-    /// names its device from the id alone (LVM), saving a lookup (an `lvs`
-    /// run). `Ok(None)`: use [`Driver::find`]. Bad ids are INVALID_ARGUMENT.
-    pub fn device_of(&self, what: &str, raw: &str) -> Result<Option<(VolumeId, PathBuf)>> {
-        let ParsedId::Volume(id) = VolumeId::parse(what, raw)? else {
-            return Ok(None);
-        };
-        let dev = self.pools.get(&id.pool).and_then(|p| p.device_of(&id));
-        Ok(dev.map(|d| (id, d)))
-    }
-
-    /// Like [`Driver::find`], NOT_FOUND when missing.
-    pub async fn require(
-        &self,
-        what: &str,
-        raw: &str,
-    ) -> Result<(VolumeId, Arc<dyn Pool>, Volume)> {
-        self.find(what, raw).await?.ok_or_else(|| {
-            Error::NotFound(format!(
-                "volume {:?} does not exist on node {}",
-                truncate(raw),
-                self.node_id
-            ))
-        })
-    }
+/// Whether a topology segment from a request names this node.
+pub fn is_this_node(driver: &Driver, t: &csi::Topology) -> bool {
+    t.segments.get(TOPOLOGY_KEY) == Some(&driver.node_id)
 }
 
 /// A decoded `VolumeCapability`.
@@ -273,7 +181,7 @@ where
         Ok(_) => Code::Ok,
         Err(s) => s.code(),
     };
-    crate::metrics::record_rpc(method, code, start.elapsed().as_secs_f64());
+    crate::metrics::record_rpc(method, &format!("{code:?}"), start.elapsed().as_secs_f64());
     let ms = start.elapsed().as_secs_f64() * 1000.0;
     // Field values are evaluated only when the event is enabled: with the
     // level off, a call costs no formatting and no allocation.
@@ -287,4 +195,41 @@ where
         }
     }
     res
+}
+
+/// The one place where the driver's errors become gRPC statuses.
+impl From<Error> for Status {
+    fn from(e: Error) -> Self {
+        let code = match &e {
+            Error::InvalidArgument(_) => Code::InvalidArgument,
+            Error::NotFound(_) => Code::NotFound,
+            Error::AlreadyExists(_) => Code::AlreadyExists,
+            Error::ResourceExhausted(_) => Code::ResourceExhausted,
+            Error::OutOfRange(_) => Code::OutOfRange,
+            Error::Aborted(_) => Code::Aborted,
+            Error::FailedPrecondition(_) => Code::FailedPrecondition,
+            Error::Unavailable(_) => Code::Unavailable,
+            Error::Io { source, .. } if source.raw_os_error() == Some(libc::ENOSPC) => {
+                Code::ResourceExhausted
+            }
+            Error::Io { source, .. } if source.raw_os_error() == Some(libc::EDQUOT) => {
+                Code::ResourceExhausted
+            }
+            Error::Command(c) if c.is_timeout() => Code::DeadlineExceeded,
+            Error::Io { .. } | Error::Command(_) | Error::Internal(_) => Code::Internal,
+        };
+        // Keep the whole source chain in the message: it is what an operator reads
+        // in `kubectl describe`.
+        let mut msg = e.to_string();
+        let mut src = std::error::Error::source(&e);
+        while let Some(s) = src {
+            let s_str = s.to_string();
+            if !msg.contains(&s_str) {
+                msg.push_str(": ");
+                msg.push_str(&s_str);
+            }
+            src = s.source();
+        }
+        Status::new(code, msg)
+    }
 }

@@ -572,7 +572,7 @@ impl csi::node_server::Node for NodeService {
             Ok(csi::NodeGetInfoResponse {
                 node_id: self.driver.node_id.clone(),
                 max_volumes_per_node: self.driver.max_volumes_per_node,
-                accessible_topology: Some(self.driver.topology()),
+                accessible_topology: Some(super::topology(&self.driver)),
             })
         })
         .await

@@ -22,6 +22,33 @@ use crate::error::{Error, IoContext, Result};
 use crate::ids::PoolName;
 use crate::size::ByteSize;
 
+pub mod discovery;
+
+/// `orphans:` in the config.
+#[derive(Clone, Debug, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct OrphansConfig {
+    #[serde(default)]
+    pub mode: OrphanMode,
+    /// Seconds a volume must stay unreferenced before it counts as an orphan.
+    #[serde(default = "default_grace")]
+    pub grace_seconds: u64,
+}
+
+fn default_grace() -> u64 {
+    3600
+}
+
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum OrphanMode {
+    /// Log orphans; never delete them.
+    #[default]
+    Report,
+    /// Log orphans, then delete them.
+    Reclaim,
+}
+
 /// Size of a volume whose CreateVolume asked for no particular capacity.
 pub const DEFAULT_VOLUME_SIZE: u64 = 1 << 30;
 
@@ -37,10 +64,10 @@ pub struct Config {
     pub pools: Vec<PoolConfig>,
     /// Static discovery of pre-mounted disks and block devices (issue 5).
     #[serde(default)]
-    pub discovery: Option<crate::discovery::DiscoveryConfig>,
+    pub discovery: Option<discovery::DiscoveryConfig>,
     /// Report (or reclaim) volumes no PV refers to; off when absent (issue 5).
     #[serde(default)]
-    pub orphans: Option<crate::discovery::orphans::OrphansConfig>,
+    pub orphans: Option<OrphansConfig>,
 }
 
 #[derive(Clone, Debug, Deserialize)]

@@ -18,37 +18,13 @@ use k8s_openapi::api::core::v1::PersistentVolume;
 use kube::runtime::reflector::{self, Store};
 use kube::runtime::{watcher, WatchStreamExt};
 use kube::{Api, Client};
-use serde::Deserialize;
 use tokio::sync::Mutex;
 
+use crate::driver::Driver;
 use crate::error::Result;
 use crate::ids::{ParsedId, VolumeId};
-use crate::service::Driver;
 
-/// `orphans:` in the config.
-#[derive(Clone, Debug, PartialEq, Eq, Deserialize)]
-#[serde(rename_all = "camelCase", deny_unknown_fields)]
-pub struct OrphansConfig {
-    #[serde(default)]
-    pub mode: OrphanMode,
-    /// Seconds a volume must stay unreferenced before it counts as an orphan.
-    #[serde(default = "default_grace")]
-    pub grace_seconds: u64,
-}
-
-fn default_grace() -> u64 {
-    3600
-}
-
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum OrphanMode {
-    /// Log orphans; never delete them.
-    #[default]
-    Report,
-    /// Log orphans, then delete them.
-    Reclaim,
-}
+pub use crate::config::{OrphanMode, OrphansConfig};
 
 /// Tracks since when volumes have been unreferenced.
 #[derive(Debug, Default)]
@@ -201,15 +177,14 @@ mod tests {
     use serde_json::json;
 
     async fn driver(dir: &std::path::Path) -> Arc<Driver> {
-        crate::server::build_driver(&crate::server::ServeOptions {
-            endpoint: crate::endpoint::Endpoint::Unix(dir.join("csi.sock")),
-            node_id: "n1".into(),
-            driver_name: "localvol.csi.dev".into(),
-            config: crate::config::Config::embedded(dir),
-            kubelet_dir: dir.join("kubelet"),
-            socket_group: None,
-            metrics_addr: None,
-        })
+        crate::driver::Driver::open(
+            &crate::driver::Identity {
+                driver_name: "localvol.csi.dev".into(),
+                node_id: "n1".into(),
+                kubelet_dir: dir.join("kubelet"),
+            },
+            &crate::config::Config::embedded(dir),
+        )
         .await
         .unwrap()
     }

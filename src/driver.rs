@@ -1,0 +1,157 @@
+//! The driver's shared state: its identity, its pools, the per-volume locks
+//! and the statically discovered volumes. It sits below the CSI services
+//! (which only decode requests, call down and map errors) and is also used by
+//! metrics, static discovery and orphan reports; it knows nothing of gRPC.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use crate::config::Config;
+use crate::discovery::node::StaticPool;
+use crate::error::{blocking, Error, Result};
+use crate::ids::{check_node_id, truncate, ParsedId, VolumeId};
+use crate::locks::{VolumeGuard, VolumeLocks};
+use crate::pool::{Pool, Pools, Volume};
+
+pub use crate::ids::TOPOLOGY_KEY;
+
+/// Who the driver is and where it may mount: the settings [`Driver::open`]
+/// takes besides the config.
+#[derive(Clone, Debug)]
+pub struct Identity {
+    pub driver_name: String,
+    pub node_id: String,
+    /// Staging and target paths must lie below this directory (absolute).
+    pub kubelet_dir: PathBuf,
+}
+
+/// State shared by the three services.
+pub struct Driver {
+    pub name: String,
+    pub version: String,
+    pub node_id: String,
+    pub pools: Pools,
+    /// Per-volume operation locks, shared with static discovery's cleanup.
+    pub locks: Arc<VolumeLocks>,
+    /// Staging and target paths must lie below this directory.
+    pub kubelet_dir: PathBuf,
+    pub max_volumes_per_node: i64,
+    /// Statically discovered volumes (config `discovery:`), found by handle.
+    pub statics: Option<Arc<StaticPool>>,
+}
+
+impl Driver {
+    /// Opens the pools (and the static volumes) of `config`.
+    pub async fn open(who: &Identity, config: &Config) -> Result<Arc<Driver>> {
+        check_node_id(&who.node_id)?;
+        if !who.kubelet_dir.is_absolute() {
+            return Err(Error::InvalidArgument(format!(
+                "kubelet dir {:?} must be absolute",
+                who.kubelet_dir
+            )));
+        }
+        let pools = Pools::open(config).await?;
+        let statics = match config.discovery.clone() {
+            Some(d) => Some(Arc::new(
+                blocking(move || {
+                    let state = d.state_dir.clone();
+                    StaticPool::open(d, &state)
+                })
+                .await?,
+            )),
+            None => None,
+        };
+        Ok(Arc::new(Driver {
+            name: who.driver_name.clone(),
+            version: env!("CARGO_PKG_VERSION").to_owned(),
+            node_id: who.node_id.clone(),
+            pools,
+            locks: Arc::default(),
+            kubelet_dir: who.kubelet_dir.clone(),
+            max_volumes_per_node: config.max_volumes_per_node,
+            statics,
+        }))
+    }
+
+    /// Ready when every pool passes its check: what Probe and `/readyz` say.
+    pub async fn readiness(&self) -> std::result::Result<(), String> {
+        for pool in self.pools.iter() {
+            if let Err(e) = pool.check().await {
+                return Err(format!("pool {}: {e}", pool.name()));
+            }
+        }
+        Ok(())
+    }
+
+    /// Finds a volume by a request's id. `Ok(None)` when it does not exist
+    /// (including ids that are not ours at all).
+    pub async fn find(
+        &self,
+        what: &str,
+        raw: &str,
+    ) -> Result<Option<(VolumeId, Arc<dyn Pool>, Volume)>> {
+        if let Some(statics) = &self.statics {
+            crate::ids::check_text(what, raw)?;
+            if let Some(found) = statics.find(raw).await? {
+                return Ok(Some(found));
+            }
+        }
+        let ParsedId::Volume(id) = VolumeId::parse(what, raw)? else {
+            return Ok(None);
+        };
+        let Some(pool) = self.pools.get(&id.pool) else {
+            return Ok(None);
+        };
+        let pool = pool.clone();
+        Ok(pool.get(&id).await?.map(|v| (id, pool, v)))
+    }
+
+    /// Takes the volume's operation lock (ABORTED while another operation on
+    /// it runs); released when the guard drops.
+    pub fn lock_volume(&self, id: &VolumeId) -> Result<VolumeGuard> {
+        self.locks
+            .try_lock(id.key.as_str(), &format!("volume {id}"))
+    }
+
+    /// Like [`Driver::lock_volume`], for a snapshot.
+    pub fn lock_snapshot(&self, id: &VolumeId) -> Result<VolumeGuard> {
+        self.locks
+            .try_lock(id.key.as_str(), &format!("snapshot {id}"))
+    }
+
+    /// For unstage and unpublish: the id and device of a volume whose pool
+    /// names its device from the id alone (LVM), saving a lookup (an `lvs`
+    /// run). `Ok(None)`: use [`Driver::find`]. Bad ids are INVALID_ARGUMENT.
+    pub fn device_of(&self, what: &str, raw: &str) -> Result<Option<(VolumeId, PathBuf)>> {
+        let ParsedId::Volume(id) = VolumeId::parse(what, raw)? else {
+            return Ok(None);
+        };
+        let dev = self.pools.get(&id.pool).and_then(|p| p.device_of(&id));
+        Ok(dev.map(|d| (id, d)))
+    }
+
+    /// Like [`Driver::find`], NOT_FOUND when missing.
+    pub async fn require(
+        &self,
+        what: &str,
+        raw: &str,
+    ) -> Result<(VolumeId, Arc<dyn Pool>, Volume)> {
+        self.find(what, raw).await?.ok_or_else(|| {
+            Error::NotFound(format!(
+                "volume {:?} does not exist on node {}",
+                truncate(raw),
+                self.node_id
+            ))
+        })
+    }
+}
+
+impl crate::metrics::Source for Driver {
+    fn pools(&self) -> &Pools {
+        &self.pools
+    }
+
+    async fn readiness(&self) -> std::result::Result<(), String> {
+        Driver::readiness(self).await
+    }
+}
