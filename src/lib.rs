@@ -2,9 +2,7 @@
 //!
 //! See ARCHITECTURE.md for the code map and the invariants.
 
-pub mod bench;
 pub mod blockdev;
-pub mod client;
 pub mod command;
 pub mod config;
 pub mod controller;

@@ -8,6 +8,8 @@ use localvol::config::Config;
 use localvol::endpoint::Endpoint;
 use localvol::server::{self, ServeOptions, DEFAULT_DRIVER_NAME};
 
+mod cli;
+
 #[derive(Parser)]
 #[command(
     name = "localvol",
@@ -33,9 +35,9 @@ enum Command {
     /// Run the CSI driver (Identity, Controller and Node services).
     Serve(ServeArgs),
     /// A CSI client for any driver's socket (probe, create, stage, publish, ...).
-    Client(localvol::client::ClientArgs),
+    Client(cli::client::ClientArgs),
     /// Benchmark whole volume lifecycles through any CSI driver, or the syscall floor.
-    Bench(localvol::bench::BenchArgs),
+    Bench(cli::bench::BenchArgs),
     /// Cluster-wide node-loss controller (a Deployment, leader-elected on a Lease).
     Controller(ControllerArgs),
 }
@@ -170,8 +172,8 @@ async fn main() -> ExitCode {
     init_logging(cli.log_format);
     let res = match cli.command {
         Command::Serve(a) => serve(a).await,
-        Command::Client(a) => return localvol::client::main(a).await,
-        Command::Bench(a) => return localvol::bench::main(a).await,
+        Command::Client(a) => return cli::client::main(a).await,
+        Command::Bench(a) => return cli::bench::main(a).await,
         Command::Controller(a) => controller(a).await,
     };
     match res {

@@ -6,7 +6,7 @@
 //! | step | work |
 //! |---|---|
 //! | Create | `lvcreate` (thick: `--size`, wiping signatures and zeroing the start as the driver does; thin: `--virtualsize` in the thin pool) |
-//! | Stage | `mkfs` with the driver's options ([`crate::blockdev::mkfs_command`]), mount the LV on the staging dir |
+//! | Stage | `mkfs` with the driver's options ([`localvol::blockdev::mkfs_command`]), mount the LV on the staging dir |
 //! | Publish | `mkdir` the target, bind the staging dir onto it |
 //! | Unpublish | `umount` the target, `rmdir` it |
 //! | Unstage | `umount` the staging dir |
@@ -32,8 +32,8 @@ use super::{
     first_error, rmdir, run_workers, BenchArgs, Report, RunDir, Samples, CREATE, DELETE, PUBLISH,
     STAGE, UNPUBLISH, UNSTAGE,
 };
-use crate::blockdev::{self, FsType};
-use crate::lvm::{self, LvmError};
+use localvol::blockdev::{self, FsType};
+use localvol::lvm::{self, LvmError};
 
 /// Step names of an LVM floor lifecycle, matching the CSI steps one to one.
 pub const LVM_FLOOR_STEPS: [&str; 6] = [
@@ -79,9 +79,9 @@ impl std::fmt::Display for FloorLvm {
     }
 }
 
-/// A VG, LV or name part lvm accepts ([`crate::config::is_lvm_name`]).
+/// A VG, LV or name part lvm accepts ([`localvol::config::is_lvm_name`]).
 pub fn check_lvm_name(what: &str, s: &str) -> Result<(), String> {
-    if crate::config::is_lvm_name(s) {
+    if localvol::config::is_lvm_name(s) {
         Ok(())
     } else {
         Err(format!(
@@ -230,9 +230,11 @@ async fn lifecycle(ctx: &Ctx, i: usize, p: &Paths, samples: &mut Samples) -> Res
 /// A blocking syscall step off the executor.
 async fn sys<F>(f: F) -> Result<(), String>
 where
-    F: FnOnce() -> crate::error::Result<()> + Send + 'static,
+    F: FnOnce() -> localvol::error::Result<()> + Send + 'static,
 {
-    crate::error::blocking(f).await.map_err(|e| e.to_string())
+    localvol::error::blocking(f)
+        .await
+        .map_err(|e| e.to_string())
 }
 
 fn timed(samples: &mut Samples, step: usize, start: Instant) {
@@ -268,7 +270,7 @@ async fn steps(
         .map_err(|e| e.to_string())?;
     let (dev, staging, fs) = (p.dev.clone(), p.staging.clone(), info.fs);
     sys(move || {
-        crate::mount::mount_device(
+        localvol::mount::mount_device(
             &dev,
             &staging,
             fs.as_str(),
@@ -284,23 +286,23 @@ async fn steps(
     let target = p.target.clone();
     sys(move || {
         std::fs::create_dir(&target)
-            .map_err(|e| crate::error::Error::io(format!("mkdir {target:?}"), e))
+            .map_err(|e| localvol::error::Error::io(format!("mkdir {target:?}"), e))
     })
     .await?;
     done.target_dir = true;
     let (staging, target) = (p.staging.clone(), p.target.clone());
-    sys(move || crate::mount::bind(&staging, &target, MountFlags::empty())).await?;
+    sys(move || localvol::mount::bind(&staging, &target, MountFlags::empty())).await?;
     done.published = true;
     timed(samples, PUBLISH, start);
 
     let start = Instant::now();
     let target = p.target.clone();
-    sys(move || crate::mount::unmount(&target)).await?;
+    sys(move || localvol::mount::unmount(&target)).await?;
     done.published = false;
     let target = p.target.clone();
     sys(move || {
         std::fs::remove_dir(&target)
-            .map_err(|e| crate::error::Error::io(format!("rmdir {target:?}"), e))
+            .map_err(|e| localvol::error::Error::io(format!("rmdir {target:?}"), e))
     })
     .await?;
     done.target_dir = false;
@@ -308,7 +310,7 @@ async fn steps(
 
     let start = Instant::now();
     let staging = p.staging.clone();
-    sys(move || crate::mount::unmount(&staging)).await?;
+    sys(move || localvol::mount::unmount(&staging)).await?;
     done.staged = false;
     timed(samples, UNSTAGE, start);
     rmdir(&p.staging).map_err(|e| format!("removing {:?}: {e}", p.staging))?;
@@ -336,7 +338,7 @@ async fn cleanup(ctx: &Ctx, i: usize, p: &Paths, done: &Progress) {
     let warn = |what: &str, e: String| eprintln!("localvol bench: cleanup of {lv}: {what}: {e}");
     if done.published {
         let t = p.target.clone();
-        if let Err(e) = sys(move || crate::mount::unmount(&t)).await {
+        if let Err(e) = sys(move || localvol::mount::unmount(&t)).await {
             warn("unmounting the target", e);
         }
     }
@@ -347,7 +349,7 @@ async fn cleanup(ctx: &Ctx, i: usize, p: &Paths, done: &Progress) {
     }
     if done.staged {
         let s = p.staging.clone();
-        if let Err(e) = sys(move || crate::mount::unmount(&s)).await {
+        if let Err(e) = sys(move || localvol::mount::unmount(&s)).await {
             warn("unmounting the staging dir", e);
         }
     }

@@ -48,13 +48,13 @@ use serde_json::{json, Value};
 use tonic::transport::Channel;
 use tonic::{Code, Request, Response, Status};
 
-use crate::csi;
-use crate::csi::controller_client::ControllerClient;
-use crate::csi::identity_client::IdentityClient;
-use crate::csi::node_client::NodeClient;
-use crate::csi::volume_capability::access_mode::Mode;
-use crate::endpoint::Endpoint;
-use crate::size::{human, parse_size};
+use localvol::csi;
+use localvol::csi::controller_client::ControllerClient;
+use localvol::csi::identity_client::IdentityClient;
+use localvol::csi::node_client::NodeClient;
+use localvol::csi::volume_capability::access_mode::Mode;
+use localvol::endpoint::Endpoint;
+use localvol::size::{human, parse_size};
 
 #[derive(Args, Debug)]
 pub struct ClientArgs {

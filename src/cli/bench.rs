@@ -86,10 +86,10 @@ use sys_mount::MountFlags;
 mod lvm_floor;
 pub use lvm_floor::FloorLvm;
 
-use crate::client::{self, code_name, parse_param, parse_size_arg, path_str, Clients};
-use crate::csi;
-use crate::endpoint::Endpoint;
-use crate::size::human;
+use crate::cli::client::{self, code_name, parse_param, parse_size_arg, path_str, Clients};
+use localvol::csi;
+use localvol::endpoint::Endpoint;
+use localvol::size::human;
 
 #[derive(Args, Debug)]
 pub struct BenchArgs {
@@ -1071,13 +1071,13 @@ fn floor_lifecycle(p: &FloorPaths, samples: &mut Samples) -> Result<(), String> 
     if res.is_err() {
         // Best effort, innermost first.
         if done.published {
-            let _ = crate::mount::unmount(&p.target);
+            let _ = localvol::mount::unmount(&p.target);
         }
         if done.target {
             let _ = rmdir(&p.target);
         }
         if done.staged {
-            let _ = crate::mount::unmount(&p.staging);
+            let _ = localvol::mount::unmount(&p.staging);
         }
         if done.staging {
             let _ = rmdir(&p.staging);
@@ -1097,9 +1097,9 @@ fn floor_steps(
     let mkdir = |d: &Path| std::fs::create_dir(d).map_err(|e| format!("mkdir {d:?}: {e}"));
     let rm = |d: &Path| std::fs::remove_dir(d).map_err(|e| format!("rmdir {d:?}: {e}"));
     let bind = |s: &Path, t: &Path| {
-        crate::mount::bind(s, t, MountFlags::empty()).map_err(|e| e.to_string())
+        localvol::mount::bind(s, t, MountFlags::empty()).map_err(|e| e.to_string())
     };
-    let umount = |t: &Path| crate::mount::unmount(t).map_err(|e| e.to_string());
+    let umount = |t: &Path| localvol::mount::unmount(t).map_err(|e| e.to_string());
     let lifecycle = Instant::now();
 
     let start = Instant::now();
