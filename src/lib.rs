@@ -2,6 +2,7 @@
 //!
 //! See ARCHITECTURE.md for the code map and the invariants.
 
+pub mod authority;
 pub mod blockdev;
 pub mod command;
 pub mod config;

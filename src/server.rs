@@ -7,6 +7,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use tokio_stream::wrappers::{TcpListenerStream, UnixListenerStream};
+use tokio_stream::StreamExt;
 use tonic::transport::Server;
 
 use crate::config::Config;
@@ -73,8 +74,12 @@ pub async fn serve(opts: ServeOptions, shutdown: impl Future<Output = ()> + Send
         Endpoint::Unix(path) => {
             let listener = bind_unix(path, opts.socket_group.as_deref())?;
             tracing::info!(endpoint = %opts.endpoint, node = %opts.node_id, "serving CSI");
+            // Clients that send the socket path as :authority (grpc C-core,
+            // grpc-java, grpcurl, csc) need it rewritten: src/authority.rs.
+            let incoming = UnixListenerStream::new(listener)
+                .map(|conn| conn.map(crate::authority::AuthorityFix::new));
             let res = router
-                .serve_with_incoming_shutdown(UnixListenerStream::new(listener), shutdown)
+                .serve_with_incoming_shutdown(incoming, shutdown)
                 .await;
             let _ = std::fs::remove_file(path);
             res.map_err(|e| Error::Internal(format!("gRPC server: {e}")))
