@@ -287,7 +287,8 @@ fn clear_fd(fd: &OwnedFd, top: &OwnedFd, dev: libc::dev_t, depth: usize) -> Resu
 /// directory): absolute, no `.`/`..`, no NUL, and no symlink anywhere below
 /// `root`, so a mount can never land outside it. Components that do not exist
 /// yet are fine. (`root` itself may be a symlink: that is the operator's choice.)
-pub fn check_request_path(what: &'static str, root: &Path, p: &str) -> Result<PathBuf> {
+#[cfg(test)]
+fn check_request_path(what: &'static str, root: &Path, p: &str) -> Result<PathBuf> {
     RequestPath::parse(what, root, p)?.resolve()
 }
 

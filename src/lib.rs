@@ -2,27 +2,27 @@
 //!
 //! See ARCHITECTURE.md for the code map and the invariants.
 
-pub mod authority;
+mod authority;
 pub mod blockdev;
-pub mod command;
+mod command;
 pub mod config;
 pub mod controller;
 pub mod discovery;
-pub mod driver;
+mod driver;
 pub mod endpoint;
 pub mod error;
-pub mod fsutil;
+mod fsutil;
 pub mod ids;
-pub mod locks;
+mod locks;
 pub mod lvm;
 pub mod metrics;
 pub mod mount;
-pub mod nodeops;
-pub mod orphans;
-pub mod pool;
+mod nodeops;
+mod orphans;
+mod pool;
 pub mod quota;
 pub mod server;
-pub mod service;
+mod service;
 pub mod size;
 
 /// Bindings generated from `proto/csi.proto` (CSI spec v1.11).

@@ -188,12 +188,9 @@ impl DirPool {
         })
     }
 
-    pub fn root(&self) -> &Path {
-        &self.root
-    }
-
     /// Why sizes are not enforced, or None when project quotas enforce them.
-    pub fn unenforced_reason(&self) -> Option<&str> {
+    #[cfg(test)]
+    fn unenforced_reason(&self) -> Option<&str> {
         self.unenforced_reason.as_deref()
     }
 

@@ -134,10 +134,6 @@ impl LvmPool {
         Ok(pool)
     }
 
-    pub fn default_fs(&self) -> FsType {
-        self.default_fs
-    }
-
     fn is_ours(&self, lv: &LvInfo) -> bool {
         lv.has_tag(TAG_OWNER) && lv.tag_value(TAG_POOL) == Some(self.name.as_str())
     }

@@ -30,6 +30,8 @@ pub enum AccessType {
 /// The access modes a node-local volume can offer (all single-node).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]
+// The CSI spec's names for the single-node modes.
+#[allow(clippy::enum_variant_names)]
 pub enum AccessMode {
     SingleNodeWriter,
     SingleNodeReaderOnly,
