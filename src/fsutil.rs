@@ -415,7 +415,7 @@ impl RequestPath {
 }
 
 /// Space and inode figures of the filesystem holding a path.
-#[derive(Clone, Copy, Debug, Default)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct FsStats {
     pub total_bytes: u64,
     /// Free for unprivileged users (what a pod can use).

@@ -24,6 +24,7 @@ pub mod quota;
 pub mod server;
 mod service;
 pub mod size;
+mod task;
 
 /// Bindings generated from `proto/csi.proto` (CSI spec v1.11).
 #[allow(clippy::all, missing_docs)]

@@ -23,6 +23,7 @@ use tokio::sync::Mutex;
 use crate::driver::Driver;
 use crate::error::Result;
 use crate::ids::{ParsedId, VolumeId};
+use crate::task::AbortOnDrop;
 
 pub use crate::config::{OrphanMode, OrphansConfig};
 
@@ -158,14 +159,6 @@ impl Orphans {
                 tracing::warn!(error = %e, "orphan pass failed");
             }
         }
-    }
-}
-
-struct AbortOnDrop(tokio::task::JoinHandle<()>);
-
-impl Drop for AbortOnDrop {
-    fn drop(&mut self) {
-        self.0.abort();
     }
 }
 

@@ -18,6 +18,7 @@ use crate::driver::{Driver, Identity};
 use crate::endpoint::Endpoint;
 use crate::error::{Error, IoContext, Result};
 use crate::service::{controller::ControllerService, identity::IdentityService, node::NodeService};
+use crate::task::AbortOnDrop;
 
 pub const DEFAULT_DRIVER_NAME: &str = "localvol.csi.dev";
 
@@ -137,14 +138,6 @@ async fn run_orphans(driver: Arc<Driver>, cfg: crate::orphans::OrphansConfig) {
                 tokio::time::sleep(DISCOVERY_INTERVAL).await;
             }
         }
-    }
-}
-
-struct AbortOnDrop(tokio::task::JoinHandle<()>);
-
-impl Drop for AbortOnDrop {
-    fn drop(&mut self) {
-        self.0.abort();
     }
 }
 

@@ -31,6 +31,7 @@ use super::pv;
 use super::scan::{self, Discovered};
 use super::StaticHandle;
 use crate::error::blocking;
+use crate::task::AbortOnDrop;
 
 /// Failures of a discovery pass; per-volume failures become Events instead.
 #[derive(Debug, thiserror::Error)]
@@ -309,14 +310,6 @@ impl Discoverer {
                 Err(e) => tracing::warn!(error = %e, "discovery pass failed"),
             }
         }
-    }
-}
-
-struct AbortOnDrop(tokio::task::JoinHandle<()>);
-
-impl Drop for AbortOnDrop {
-    fn drop(&mut self) {
-        self.0.abort();
     }
 }
 

@@ -457,7 +457,7 @@ impl Pool for DirPool {
     async fn create(&self, req: &CreateRequest) -> Result<Volume> {
         let key = req.id.key.clone();
         if let Some(existing) = self.state().volumes.get(&key).cloned() {
-            return matches_request(existing, req);
+            return super::matches_request(existing, req, true);
         }
         if req.inode_limit.is_some() && self.quotas.is_none() {
             return Err(Error::InvalidArgument(format!(
@@ -712,29 +712,6 @@ impl Pool for DirPool {
             }))
         })
         .await
-    }
-}
-
-/// An existing volume answers a repeated CreateVolume only when the request
-/// describes it; anything else is ALREADY_EXISTS.
-fn matches_request(existing: Volume, req: &CreateRequest) -> Result<Volume> {
-    let mismatch = if existing.name != req.name.as_str() {
-        Some("another name hashes to the same id".to_owned())
-    } else if !req.range.admits(existing.size_bytes) {
-        Some(format!("it has {} bytes", existing.size_bytes))
-    } else if existing.access_type != req.access_type {
-        Some(format!("it is a {:?} volume", existing.access_type))
-    } else if existing.parameters != req.parameters || existing.inode_limit != req.inode_limit {
-        Some("it was created with other parameters".to_owned())
-    } else {
-        None
-    };
-    match mismatch {
-        None => Ok(existing),
-        Some(why) => Err(Error::AlreadyExists(format!(
-            "volume {:?} already exists and does not match the request: {why}",
-            req.name.as_str()
-        ))),
     }
 }
 

@@ -480,7 +480,7 @@ impl LvmPool {
                 self.lv_path(&lv.name)
             ))
         })?;
-        matches_request(vol, req)
+        super::matches_request(vol, req, false)
     }
 
     /// Extends `lv` to `size` bytes if the pool has room for the difference
@@ -737,26 +737,6 @@ fn round_down(v: u64, unit: u64) -> u64 {
     v.checked_div(unit).map_or(v, |n| n * unit)
 }
 
-/// An existing volume answers a repeated create only if it matches it.
-fn matches_request(vol: Volume, req: &CreateRequest) -> Result<Volume> {
-    let why = if vol.name != req.name.as_str() {
-        Some("another name hashes to the same id".to_owned())
-    } else if !req.range.admits(vol.size_bytes) {
-        Some(format!("it has {} bytes", vol.size_bytes))
-    } else if vol.access_type != req.access_type {
-        Some(format!("it is a {:?} volume", vol.access_type))
-    } else {
-        None
-    };
-    match why {
-        None => Ok(vol),
-        Some(why) => Err(Error::AlreadyExists(format!(
-            "volume {:?} already exists and does not match the request: {why}",
-            req.name.as_str()
-        ))),
-    }
-}
-
 #[async_trait]
 impl Pool for LvmPool {
     fn name(&self) -> &PoolName {
@@ -840,7 +820,7 @@ impl Pool for LvmPool {
                 lv.tags.retain(|t| t != TAG_CREATING);
             }
             return match self.to_volume(&lv) {
-                Some(v) => matches_request(v, req),
+                Some(v) => super::matches_request(v, req, false),
                 None => Err(Error::AlreadyExists(format!(
                     "LV {}/{} exists and is not this driver's",
                     self.vg, lv.name
@@ -882,7 +862,7 @@ impl Pool for LvmPool {
                 self.vg, lv.name
             ))
         })?;
-        matches_request(vol, req)
+        super::matches_request(vol, req, false)
     }
 
     async fn delete(&self, id: &VolumeId) -> Result<()> {

@@ -159,15 +159,39 @@ pub enum Source {
     Device(PathBuf),
 }
 
-/// Usage of one volume when the backend knows it better than statvfs does.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct Usage {
-    pub total_bytes: u64,
-    pub used_bytes: u64,
-    pub available_bytes: u64,
-    pub total_inodes: u64,
-    pub used_inodes: u64,
-    pub free_inodes: u64,
+/// Usage of one volume when the backend knows it better than statvfs does:
+/// the same figures.
+pub type Usage = crate::fsutil::FsStats;
+
+/// An existing volume answers a repeated CreateVolume only when the request
+/// describes it (same name, a size in range, the same access type, and, for a
+/// pool that records them (`compare_parameters`), the same parameters and
+/// inode limit); anything else is ALREADY_EXISTS.
+pub fn matches_request(
+    existing: Volume,
+    req: &CreateRequest,
+    compare_parameters: bool,
+) -> Result<Volume> {
+    let mismatch = if existing.name != req.name.as_str() {
+        Some("another name hashes to the same id".to_owned())
+    } else if !req.range.admits(existing.size_bytes) {
+        Some(format!("it has {} bytes", existing.size_bytes))
+    } else if existing.access_type != req.access_type {
+        Some(format!("it is a {:?} volume", existing.access_type))
+    } else if compare_parameters
+        && (existing.parameters != req.parameters || existing.inode_limit != req.inode_limit)
+    {
+        Some("it was created with other parameters".to_owned())
+    } else {
+        None
+    };
+    match mismatch {
+        None => Ok(existing),
+        Some(why) => Err(Error::AlreadyExists(format!(
+            "volume {:?} already exists and does not match the request: {why}",
+            req.name.as_str()
+        ))),
+    }
 }
 
 #[async_trait]
