@@ -13,6 +13,7 @@ pub mod endpoint;
 pub mod error;
 mod fsutil;
 pub mod ids;
+mod k8s;
 mod locks;
 pub mod lvm;
 pub mod metrics;

@@ -105,7 +105,8 @@ const DISCOVERY_INTERVAL: std::time::Duration = std::time::Duration::from_secs(6
 /// Runs static discovery against the cluster; while there is no in-cluster
 /// config (`make run`, tests) it logs and retries, and the driver serves on.
 async fn run_discovery(driver: Arc<Driver>, statics: Arc<crate::discovery::node::StaticPool>) {
-    use crate::discovery::k8s::{in_cluster_client, Discoverer};
+    use crate::discovery::k8s::Discoverer;
+    use crate::k8s::in_cluster_client;
     loop {
         match in_cluster_client().await {
             Ok(client) => {
@@ -125,7 +126,7 @@ async fn run_discovery(driver: Arc<Driver>, statics: Arc<crate::discovery::node:
 
 /// Reports (or reclaims) volumes no PV refers to, once there is a cluster.
 async fn run_orphans(driver: Arc<Driver>, cfg: crate::orphans::OrphansConfig) {
-    use crate::discovery::k8s::in_cluster_client;
+    use crate::k8s::in_cluster_client;
     loop {
         match in_cluster_client().await {
             Ok(client) => {

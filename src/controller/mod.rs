@@ -69,7 +69,7 @@ impl NodeLoss {
     }
 
     async fn event(&self, pv: &PersistentVolume, type_: EventType, reason: &str, note: String) {
-        crate::discovery::k8s::publish_event(&self.recorder, pv, type_, reason, note).await;
+        crate::k8s::publish_event(&self.recorder, pv, type_, reason, note).await;
     }
 
     /// One pass at `now` over the caches of Nodes and PVs.

@@ -2,22 +2,18 @@
 //! (`tower_test::mock::pair` → `kube::Client::new`), by named scenario with
 //! timeouts.
 
-use std::collections::BTreeMap;
-use std::sync::{Arc, Mutex as StdMutex};
 use std::time::{Duration, Instant};
 
-use http::{Request, Response};
 use k8s_openapi::api::core::v1::{Node, PersistentVolume};
-use kube::client::Body;
 use kube::runtime::reflector::{self, Store};
 use kube::runtime::watcher;
-use kube::Client;
 use serde_json::{json, Value};
 
 use super::lease::Elector;
 use super::nodeloss::ANN_DELETE_ON_NODE_LOSS;
 use super::{NodeLoss, PassReport};
 use crate::ids::TOPOLOGY_KEY;
+use crate::k8s::fake::{Fake, PVS};
 
 const DRIVER: &str = "localvol.csi.dev";
 
@@ -29,165 +25,22 @@ async fn t(f: impl std::future::Future<Output = Result<bool, kube::Error>>) -> b
         .unwrap()
 }
 const TIMEOUT: Duration = Duration::from_secs(20);
-const PVS: &str = "/api/v1/persistentvolumes";
 const GRACE: Duration = Duration::from_secs(300);
 
-/// Objects by API path, and a log of the requests (`METHOD path`, events as
-/// `EVENT <reason>`).
-#[derive(Default)]
-struct FakeApi {
-    objects: BTreeMap<String, Value>,
-    log: Vec<String>,
-    rv: u64,
-}
-
-fn status(code: u16, reason: &str) -> Value {
-    json!({"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
-           "message": reason, "reason": reason, "code": code})
-}
-
-fn respond(code: u16, v: &Value) -> Response<Body> {
-    Response::builder()
-        .status(code)
-        .body(Body::from(serde_json::to_vec(v).unwrap()))
-        .unwrap()
-}
-
-async fn handle(api: &StdMutex<FakeApi>, req: Request<Body>) -> Response<Body> {
-    let method = req.method().to_string();
-    let path = req.uri().path().to_owned();
-    let watch = req.uri().query().unwrap_or("").contains("watch=true");
-    let body = req.into_body().collect_bytes().await.unwrap();
-    let body: Value = if body.is_empty() {
-        Value::Null
-    } else {
-        serde_json::from_slice(&body).unwrap()
-    };
-    let mut api = api.lock().unwrap();
-    if path.starts_with("/apis/events.k8s.io/v1/namespaces/") {
-        let reason = body["reason"].as_str().unwrap_or("?").to_owned();
-        api.log.push(format!("EVENT {reason}"));
-        return respond(201, &body);
-    }
-    if method == "GET" && (path == "/api/v1/nodes" || path == PVS) {
-        // The caches: lists, then watches that end at once (re-watched with backoff).
-        if watch {
-            return Response::builder().status(200).body(Body::empty()).unwrap();
-        }
-        api.log.push(format!("LIST {path}"));
-        let prefix = format!("{path}/");
-        let items: Vec<Value> = api
-            .objects
-            .iter()
-            .filter(|(k, _)| k.starts_with(&prefix))
-            .map(|(_, v)| v.clone())
-            .collect();
-        return respond(
-            200,
-            &json!({"kind": "List", "apiVersion": "v1", "metadata": {"resourceVersion": "1"}, "items": items}),
-        );
-    }
-    api.log.push(format!("{method} {path}"));
-    match method.as_str() {
-        "GET" if path == "/apis/storage.k8s.io/v1/csistoragecapacities" => {
-            let items: Vec<Value> = api
-                .objects
-                .iter()
-                .filter(|(k, _)| k.contains("/csistoragecapacities/"))
-                .map(|(_, v)| v.clone())
-                .collect();
-            respond(
-                200,
-                &json!({"kind": "CSIStorageCapacityList", "apiVersion": "storage.k8s.io/v1",
-                        "metadata": {"resourceVersion": "1"}, "items": items}),
-            )
-        }
-        "GET" => match api.objects.get(&path) {
-            Some(o) => respond(200, o),
-            None => respond(404, &status(404, "NotFound")),
-        },
-        "DELETE" => {
-            let Some(o) = api.objects.get(&path).cloned() else {
-                return respond(404, &status(404, "NotFound"));
-            };
-            let want = &body["preconditions"]["uid"];
-            if !want.is_null() && *want != o["metadata"]["uid"] {
-                return respond(409, &status(409, "Conflict"));
-            }
-            api.objects.remove(&path);
-            respond(200, &o)
-        }
-        "POST" => {
-            let key = format!("{path}/{}", body["metadata"]["name"].as_str().unwrap());
-            if api.objects.contains_key(&key) {
-                return respond(409, &status(409, "AlreadyExists"));
-            }
-            api.rv += 1;
-            let mut o = body;
-            o["metadata"]["resourceVersion"] = json!(api.rv.to_string());
-            api.objects.insert(key, o.clone());
-            respond(201, &o)
-        }
-        "PUT" => {
-            let Some(old) = api.objects.get(&path) else {
-                return respond(404, &status(404, "NotFound"));
-            };
-            if body["metadata"]["resourceVersion"] != old["metadata"]["resourceVersion"] {
-                return respond(409, &status(409, "Conflict"));
-            }
-            api.rv += 1;
-            let mut o = body;
-            o["metadata"]["resourceVersion"] = json!(api.rv.to_string());
-            api.objects.insert(path, o.clone());
-            respond(200, &o)
-        }
-        _ => {
-            api.log.push(format!("UNEXPECTED {method} {path}"));
-            respond(500, &status(500, "InternalError"))
-        }
-    }
-}
-
-struct Scenario {
-    client: Client,
-    api: Arc<StdMutex<FakeApi>>,
-    server: tokio::task::JoinHandle<()>,
-}
+/// A scenario's fake API server (see `crate::k8s::fake`).
+struct Scenario(Fake);
 
 impl Scenario {
     fn new(name: &str) -> Self {
         eprintln!("scenario: {name}");
-        let (svc, mut h) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
-        let api = Arc::new(StdMutex::new(FakeApi::default()));
-        let a = api.clone();
-        let server = tokio::spawn(async move {
-            while let Some((req, send)) = h.next_request().await {
-                send.send_response(handle(&a, req).await);
-            }
-        });
-        Scenario {
-            client: Client::new(svc, "default"),
-            api,
-            server,
-        }
-    }
-
-    fn put(&self, path: &str, v: Value) {
-        self.api.lock().unwrap().objects.insert(path.into(), v);
-    }
-
-    fn has(&self, path: &str) -> bool {
-        self.api.lock().unwrap().objects.contains_key(path)
-    }
-
-    fn log(&self) -> Vec<String> {
-        std::mem::take(&mut self.api.lock().unwrap().log)
+        Scenario(Fake::start())
     }
 }
 
-impl Drop for Scenario {
-    fn drop(&mut self) {
-        self.server.abort();
+impl std::ops::Deref for Scenario {
+    type Target = Fake;
+    fn deref(&self) -> &Fake {
+        &self.0
     }
 }
 
@@ -331,7 +184,7 @@ async fn scenario_deleted_node_pvs_go_after_grace_and_claims_only_when_opted_in(
             "GET /apis/storage.k8s.io/v1/storageclasses/local".into(),
             "EVENT NodeLost".into(),
             format!("DELETE {PVS}/pv-b"),
-            "GET /apis/storage.k8s.io/v1/csistoragecapacities".into(),
+            "LIST /apis/storage.k8s.io/v1/csistoragecapacities".into(),
             "DELETE /apis/storage.k8s.io/v1/namespaces/kube-system/csistoragecapacities/cap-gone"
                 .into(),
         ]

@@ -21,10 +21,10 @@ use std::time::Duration;
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::PersistentVolume;
 use kube::api::{Api, DeleteParams, PostParams, Preconditions};
-use kube::runtime::events::{Event, EventType, Recorder, Reporter};
+use kube::runtime::events::{EventType, Recorder, Reporter};
 use kube::runtime::reflector::{self, Store};
 use kube::runtime::{watcher, WatchStreamExt};
-use kube::{Client, Resource};
+use kube::Client;
 
 use super::node::StaticPool;
 use super::pv;
@@ -88,7 +88,7 @@ impl Discoverer {
     }
 
     async fn event(&self, pv: &PersistentVolume, type_: EventType, reason: &str, note: String) {
-        publish_event(&self.recorder, pv, type_, reason, note).await;
+        crate::k8s::publish_event(&self.recorder, pv, type_, reason, note).await;
     }
 
     /// One pass over the cache (this node's static PVs) and the disks.
@@ -313,41 +313,13 @@ impl Discoverer {
     }
 }
 
-/// The client `localvol serve` uses: in-cluster config only, so a developer's
-/// kubeconfig never makes a test driver create PVs in some cluster.
-pub async fn in_cluster_client() -> Result<Client, String> {
-    let cfg = kube::Config::incluster().map_err(|e| format!("no in-cluster config: {e}"))?;
-    Client::try_from(cfg).map_err(|e| format!("kubernetes client: {e}"))
-}
-
-/// Records an Event about a PV; a failure to record is logged, never fatal.
-pub(crate) async fn publish_event(
-    recorder: &Recorder,
-    pv: &PersistentVolume,
-    type_: EventType,
-    reason: &str,
-    note: String,
-) {
-    let ev = Event {
-        type_,
-        reason: reason.into(),
-        note: Some(note),
-        action: reason.into(),
-        secondary: None,
-    };
-    if let Err(e) = recorder.publish(&ev, &pv.object_ref(&())).await {
-        tracing::warn!(error = %e, reason, "could not record an event");
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::discovery::scan::tests::{class, TestMount};
     use crate::discovery::{CleanupMethod, DiscoveryConfig, VolumeMode};
-    use http::{Request, Response};
-    use kube::client::Body;
-    use serde_json::{json, Value};
+    use crate::k8s::fake::Fake;
+    use serde_json::json;
     use std::fs;
     use std::path::PathBuf;
 
@@ -355,116 +327,13 @@ mod tests {
     const NODE: &str = "worker-1";
     const TIMEOUT: Duration = Duration::from_secs(20);
 
-    /// A fake API server: PVs by name, and a log of every request
-    /// (`METHOD path`, events as `EVENT <reason>`).
-    #[derive(Default)]
-    struct FakeApi {
-        pvs: BTreeMap<String, Value>,
-        log: Vec<String>,
-    }
-
-    fn status(code: u16, reason: &str) -> Value {
-        json!({"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
-               "message": reason, "reason": reason, "code": code})
-    }
-
-    fn respond(code: u16, v: &Value) -> Response<Body> {
-        Response::builder()
-            .status(code)
-            .body(Body::from(serde_json::to_vec(v).unwrap()))
-            .unwrap()
-    }
-
-    async fn handle(api: &Mutex<FakeApi>, req: Request<Body>) -> Response<Body> {
-        let method = req.method().to_string();
-        let path = req.uri().path().to_owned();
-        let query = req.uri().query().unwrap_or("").to_owned();
-        let body = req.into_body().collect_bytes().await.unwrap();
-        let body: Value = if body.is_empty() {
-            Value::Null
-        } else {
-            serde_json::from_slice(&body).unwrap()
-        };
-        let mut api = api.lock().unwrap();
-        const PVS: &str = "/api/v1/persistentvolumes";
-        if path.starts_with("/apis/events.k8s.io/v1/namespaces/default/events") {
-            let reason = body["reason"].as_str().unwrap_or("?").to_owned();
-            api.log.push(format!("EVENT {reason}"));
-            return respond(201, &body);
-        }
-        api.log.push(format!("{method} {path}"));
-        match (method.as_str(), path.strip_prefix(PVS)) {
-            // The cache: a list, then watches that end at once (the watcher
-            // re-watches with its backoff).
-            ("GET", Some("")) if query.contains("watch=true") => {
-                api.log.pop();
-                Response::builder().status(200).body(Body::empty()).unwrap()
-            }
-            ("GET", Some("")) => {
-                let last = api.log.len() - 1;
-                api.log[last] = format!("LIST {}", selector_of(&query));
-                let items: Vec<Value> = api.pvs.values().cloned().collect();
-                respond(
-                    200,
-                    &json!({"kind": "PersistentVolumeList", "apiVersion": "v1",
-                            "metadata": {"resourceVersion": "1"}, "items": items}),
-                )
-            }
-            ("POST", Some("")) => {
-                let name = body["metadata"]["name"].as_str().unwrap().to_owned();
-                if api.pvs.contains_key(&name) {
-                    return respond(409, &status(409, "AlreadyExists"));
-                }
-                let mut obj = body.clone();
-                obj["metadata"]["uid"] = json!(format!("uid-{name}"));
-                obj["metadata"]["resourceVersion"] = json!("1");
-                obj["status"] = json!({"phase": "Pending"});
-                api.pvs.insert(name, obj.clone());
-                respond(201, &obj)
-            }
-            ("GET", Some(n)) if n.starts_with('/') => match api.pvs.get(&n[1..]) {
-                Some(o) => respond(200, o),
-                None => respond(404, &status(404, "NotFound")),
-            },
-            ("DELETE", Some(n)) if n.starts_with('/') => {
-                let name = &n[1..];
-                let Some(o) = api.pvs.get(name).cloned() else {
-                    return respond(404, &status(404, "NotFound"));
-                };
-                let want = &body["preconditions"]["uid"];
-                if !want.is_null() && *want != o["metadata"]["uid"] {
-                    return respond(409, &status(409, "Conflict"));
-                }
-                api.pvs.remove(name);
-                respond(200, &o)
-            }
-            _ => {
-                api.log.push(format!("UNEXPECTED {method} {path}"));
-                respond(500, &status(500, "InternalError"))
-            }
-        }
-    }
-
-    /// The decoded `labelSelector` of a query string.
-    fn selector_of(query: &str) -> String {
-        let raw = query
-            .split('&')
-            .find_map(|kv| kv.strip_prefix("labelSelector="))
-            .unwrap_or("");
-        // Enough percent-decoding for selectors: `=` and `,`.
-        raw.replace("%3D", "=")
-            .replace("%2C", ",")
-            .replace("%2F", "/")
-    }
-
     /// The node's disks (one tmpfs volume `vol` and a plain dir) and a
     /// Discoverer talking to a fake API server.
     struct Scenario {
         _mount: TestMount,
         vol: PathBuf,
         discoverer: Discoverer,
-        api: Arc<Mutex<FakeApi>>,
-        server: tokio::task::JoinHandle<()>,
+        fake: Fake,
         _tmp: tempfile::TempDir,
     }
 
@@ -508,21 +377,13 @@ mod tests {
                 state_dir: tmp.path().join("state"),
             };
             let statics = Arc::new(StaticPool::open(cfg.clone(), &cfg.state_dir).unwrap());
-            let (svc, mut handle) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
-            let api = Arc::new(Mutex::new(FakeApi::default()));
-            let a = api.clone();
-            let server = tokio::spawn(async move {
-                while let Some((req, send)) = handle.next_request().await {
-                    send.send_response(super::tests::handle(&a, req).await);
-                }
-            });
-            let discoverer = Discoverer::new(Client::new(svc, "default"), DRIVER, NODE, statics);
+            let fake = Fake::start();
+            let discoverer = Discoverer::new(fake.client.clone(), DRIVER, NODE, statics);
             Scenario {
                 _mount: mount,
                 vol,
                 discoverer,
-                api,
-                server,
+                fake,
                 _tmp: tmp,
             }
         }
@@ -552,10 +413,7 @@ mod tests {
         }
 
         fn put(&self, pv: &PersistentVolume) {
-            self.api.lock().unwrap().pvs.insert(
-                pv.metadata.name.clone().unwrap(),
-                serde_json::to_value(pv).unwrap(),
-            );
+            self.fake.put_pv(serde_json::to_value(pv).unwrap());
         }
 
         async fn pass(&self, cached: &[PersistentVolume]) -> PassReport {
@@ -572,17 +430,11 @@ mod tests {
         }
 
         fn log(&self) -> Vec<String> {
-            std::mem::take(&mut self.api.lock().unwrap().log)
+            self.fake.log()
         }
 
         fn data_survives(&self) -> bool {
             fs::read(self.vol.join("data")).is_ok_and(|d| d == b"old tenant")
-        }
-    }
-
-    impl Drop for Scenario {
-        fn drop(&mut self) {
-            self.server.abort();
         }
     }
 
@@ -601,7 +453,7 @@ mod tests {
             s.log(),
             ["POST /api/v1/persistentvolumes", "EVENT Discovered"]
         );
-        let mut got = s.api.lock().unwrap().pvs[&name].clone();
+        let mut got = s.fake.api.lock().unwrap().pv(&name).unwrap().clone();
         got["metadata"].as_object_mut().unwrap().remove("uid");
         got["metadata"]
             .as_object_mut()
@@ -678,7 +530,7 @@ mod tests {
                 .is_some(),
             "mount point kept"
         );
-        assert!(s.api.lock().unwrap().pvs.is_empty());
+        assert!(s.fake.api.lock().unwrap().pvs().is_empty());
         // The next pass (the cache saw the delete) offers it again.
         let r = s.pass(&[]).await;
         assert_eq!(r.created, [name]);
@@ -711,7 +563,7 @@ mod tests {
         assert_eq!(r, PassReport::default());
         assert!(s.data_survives());
         // Without a PV (deleted by hand) it is redone, and only then offered.
-        s.api.lock().unwrap().pvs.clear();
+        s.fake.api.lock().unwrap().clear_pvs();
         let r = s.pass(&[]).await;
         assert_eq!(r.cleaned, [h.to_string()]);
         assert_eq!(r.created.len(), 1);
@@ -766,7 +618,7 @@ mod tests {
         for p in [&other_node, &other_driver, &edited, &dynamic] {
             s.put(p);
         }
-        let before = s.api.lock().unwrap().pvs.clone();
+        let before = s.fake.api.lock().unwrap().pvs();
         let r = s.pass(&[other_node, other_driver, edited, dynamic]).await;
         // Only our own entry gets its PV; nothing else is read, cleaned or deleted.
         assert_eq!(r.created, [pv::pv_name(NODE, &d.handle)]);
@@ -776,7 +628,7 @@ mod tests {
             s.log(),
             ["POST /api/v1/persistentvolumes", "EVENT Discovered"]
         );
-        let after = s.api.lock().unwrap().pvs.clone();
+        let after = s.fake.api.lock().unwrap().pvs();
         for (k, v) in before {
             assert_eq!(after.get(&k), Some(&v), "{k} changed");
         }
@@ -840,7 +692,7 @@ mod tests {
         let task = AbortOnDrop(tokio::spawn(discoverer.run(Duration::from_secs(3600))));
         let name = pv::pv_name(NODE, &d.handle);
         let start = std::time::Instant::now();
-        while !s.api.lock().unwrap().pvs.contains_key(&name) {
+        while s.fake.api.lock().unwrap().pv(&name).is_none() {
             assert!(start.elapsed() < TIMEOUT, "no PV created: {:?}", s.log());
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
@@ -848,7 +700,7 @@ mod tests {
         let log = s.log();
         assert_eq!(
             log[0],
-            "LIST localvol.csi.dev/static=true,localvol.csi.dev/node=worker-1"
+            "LIST /api/v1/persistentvolumes ?localvol.csi.dev/static=true,localvol.csi.dev/node=worker-1"
         );
         assert!(
             log.contains(&"POST /api/v1/persistentvolumes".to_owned()),
@@ -898,7 +750,7 @@ mod tests {
             ]
         );
         assert!(s.data_survives());
-        assert!(s.api.lock().unwrap().pvs.contains_key(&name_of(&pv)));
+        assert!(s.fake.api.lock().unwrap().pv(&name_of(&pv)).is_some());
         drop(published);
         let r = s.pass(std::slice::from_ref(&pv)).await;
         assert_eq!(r.deleted, [name_of(&pv)]);

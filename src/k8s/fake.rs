@@ -1,0 +1,242 @@
+//! The one fake Kubernetes API server of the tests (discovery, orphans, the
+//! node-loss controller): `tower_test::mock::pair` behind a real
+//! `kube::Client`, serving objects by API path from memory and logging every
+//! request, so a scenario asserts on exactly what was called.
+//!
+//! What it does: lists (`LIST <path>`, with ` ?<labelSelector>` when the
+//! query has one) of a cluster-scoped collection, or of all namespaces'
+//! CSIStorageCapacities; watches that end at once (the watcher re-watches
+//! with its backoff; not logged); GET, POST (uid and resourceVersion set; a
+//! new PV gets phase Pending), PUT (resourceVersion must match) and DELETE
+//! (a uid precondition must match) of single objects; Events (logged as
+//! `EVENT <reason>`). Anything else is logged as `UNEXPECTED` and answered 500.
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex};
+
+use http::{Request, Response};
+use kube::client::Body;
+use kube::Client;
+use serde_json::{json, Value};
+
+/// Where PersistentVolumes live in the API.
+pub const PVS: &str = "/api/v1/persistentvolumes";
+
+/// Objects by API path, and the request log.
+#[derive(Default)]
+pub struct FakeApi {
+    pub objects: BTreeMap<String, Value>,
+    pub log: Vec<String>,
+    rv: u64,
+}
+
+impl FakeApi {
+    /// The PV named `name`, if any.
+    pub fn pv(&self, name: &str) -> Option<&Value> {
+        self.objects.get(&format!("{PVS}/{name}"))
+    }
+
+    /// All PVs, by name.
+    pub fn pvs(&self) -> BTreeMap<String, Value> {
+        let prefix = format!("{PVS}/");
+        self.objects
+            .iter()
+            .filter_map(|(k, v)| Some((k.strip_prefix(&prefix)?.to_owned(), v.clone())))
+            .collect()
+    }
+
+    /// Removes every PV.
+    pub fn clear_pvs(&mut self) {
+        let prefix = format!("{PVS}/");
+        self.objects.retain(|k, _| !k.starts_with(&prefix));
+    }
+}
+
+/// A running fake and a client of it; the server task stops on drop.
+pub struct Fake {
+    pub client: Client,
+    pub api: Arc<Mutex<FakeApi>>,
+    server: tokio::task::JoinHandle<()>,
+}
+
+impl Fake {
+    pub fn start() -> Fake {
+        let (svc, mut h) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
+        let api = Arc::new(Mutex::new(FakeApi::default()));
+        let a = api.clone();
+        let server = tokio::spawn(async move {
+            while let Some((req, send)) = h.next_request().await {
+                send.send_response(handle(&a, req).await);
+            }
+        });
+        Fake {
+            client: Client::new(svc, "default"),
+            api,
+            server,
+        }
+    }
+
+    /// Stores an object at an API path.
+    pub fn put(&self, path: &str, v: Value) {
+        self.api.lock().unwrap().objects.insert(path.into(), v);
+    }
+
+    /// Stores a PV under its name.
+    pub fn put_pv(&self, pv: Value) {
+        let name = pv["metadata"]["name"].as_str().unwrap().to_owned();
+        self.put(&format!("{PVS}/{name}"), pv);
+    }
+
+    pub fn has(&self, path: &str) -> bool {
+        self.api.lock().unwrap().objects.contains_key(path)
+    }
+
+    /// The requests since the last call.
+    pub fn log(&self) -> Vec<String> {
+        std::mem::take(&mut self.api.lock().unwrap().log)
+    }
+}
+
+impl Drop for Fake {
+    fn drop(&mut self) {
+        self.server.abort();
+    }
+}
+
+fn status(code: u16, reason: &str) -> Value {
+    json!({"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
+           "message": reason, "reason": reason, "code": code})
+}
+
+fn respond(code: u16, v: &Value) -> Response<Body> {
+    Response::builder()
+        .status(code)
+        .body(Body::from(serde_json::to_vec(v).unwrap()))
+        .unwrap()
+}
+
+/// The decoded `labelSelector` of a query string (enough percent-decoding for
+/// selectors: `=`, `,` and `/`).
+fn selector_of(query: &str) -> Option<String> {
+    let raw = query
+        .split('&')
+        .find_map(|kv| kv.strip_prefix("labelSelector="))?;
+    Some(
+        raw.replace("%3D", "=")
+            .replace("%2C", ",")
+            .replace("%2F", "/"),
+    )
+}
+
+/// The objects a list of `path` returns, if `path` is a collection.
+fn list(api: &FakeApi, path: &str) -> Option<Vec<Value>> {
+    let prefix = match path {
+        "/api/v1/nodes" | PVS => format!("{path}/"),
+        // All namespaces' capacities.
+        "/apis/storage.k8s.io/v1/csistoragecapacities" => {
+            return Some(
+                api.objects
+                    .iter()
+                    .filter(|(k, _)| k.contains("/csistoragecapacities/"))
+                    .map(|(_, v)| v.clone())
+                    .collect(),
+            )
+        }
+        _ => return None,
+    };
+    Some(
+        api.objects
+            .iter()
+            .filter(|(k, _)| k.starts_with(&prefix))
+            .map(|(_, v)| v.clone())
+            .collect(),
+    )
+}
+
+async fn handle(api: &Mutex<FakeApi>, req: Request<Body>) -> Response<Body> {
+    let method = req.method().to_string();
+    let path = req.uri().path().to_owned();
+    let query = req.uri().query().unwrap_or("").to_owned();
+    let body = req.into_body().collect_bytes().await.unwrap();
+    let body: Value = if body.is_empty() {
+        Value::Null
+    } else {
+        serde_json::from_slice(&body).unwrap()
+    };
+    let mut api = api.lock().unwrap();
+    if path.starts_with("/apis/events.k8s.io/v1/namespaces/") {
+        let reason = body["reason"].as_str().unwrap_or("?").to_owned();
+        api.log.push(format!("EVENT {reason}"));
+        return respond(201, &body);
+    }
+    if method == "GET" {
+        if let Some(items) = list(&api, &path) {
+            if query.contains("watch=true") {
+                return Response::builder().status(200).body(Body::empty()).unwrap();
+            }
+            let entry = match selector_of(&query) {
+                Some(sel) => format!("LIST {path} ?{sel}"),
+                None => format!("LIST {path}"),
+            };
+            api.log.push(entry);
+            return respond(
+                200,
+                &json!({"kind": "List", "apiVersion": "v1",
+                        "metadata": {"resourceVersion": "1"}, "items": items}),
+            );
+        }
+    }
+    api.log.push(format!("{method} {path}"));
+    match method.as_str() {
+        "GET" => match api.objects.get(&path) {
+            Some(o) => respond(200, o),
+            None => respond(404, &status(404, "NotFound")),
+        },
+        "DELETE" => {
+            let Some(o) = api.objects.get(&path).cloned() else {
+                return respond(404, &status(404, "NotFound"));
+            };
+            let want = &body["preconditions"]["uid"];
+            if !want.is_null() && *want != o["metadata"]["uid"] {
+                return respond(409, &status(409, "Conflict"));
+            }
+            api.objects.remove(&path);
+            respond(200, &o)
+        }
+        "POST" => {
+            let name = body["metadata"]["name"].as_str().unwrap().to_owned();
+            let key = format!("{path}/{name}");
+            if api.objects.contains_key(&key) {
+                return respond(409, &status(409, "AlreadyExists"));
+            }
+            api.rv += 1;
+            let mut o = body;
+            if o["metadata"]["uid"].is_null() {
+                o["metadata"]["uid"] = json!(format!("uid-{name}"));
+            }
+            o["metadata"]["resourceVersion"] = json!(api.rv.to_string());
+            if path == PVS && o["status"].is_null() {
+                o["status"] = json!({"phase": "Pending"});
+            }
+            api.objects.insert(key, o.clone());
+            respond(201, &o)
+        }
+        "PUT" => {
+            let Some(old) = api.objects.get(&path) else {
+                return respond(404, &status(404, "NotFound"));
+            };
+            if body["metadata"]["resourceVersion"] != old["metadata"]["resourceVersion"] {
+                return respond(409, &status(409, "Conflict"));
+            }
+            api.rv += 1;
+            let mut o = body;
+            o["metadata"]["resourceVersion"] = json!(api.rv.to_string());
+            api.objects.insert(path, o.clone());
+            respond(200, &o)
+        }
+        _ => {
+            api.log.push(format!("UNEXPECTED {method} {path}"));
+            respond(500, &status(500, "InternalError"))
+        }
+    }
+}
