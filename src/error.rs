@@ -28,6 +28,9 @@ pub enum Error {
     FailedPrecondition(String),
     #[error("{0}")]
     Unavailable(String),
+    /// An RPC this driver does not offer (its capability is not advertised).
+    #[error("{0}")]
+    Unsupported(String),
     #[error("{context}: {source}")]
     Io {
         context: String,

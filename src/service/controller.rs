@@ -21,6 +21,17 @@ pub struct ControllerService {
 }
 
 impl ControllerService {
+    /// UNIMPLEMENTED when no pool of this node takes snapshots (the
+    /// capability is then not advertised either).
+    fn snapshots_offered(&self) -> Result<()> {
+        match self.driver.pools.any_snapshots() {
+            true => Ok(()),
+            false => Err(Error::Unsupported(
+                "no pool of this node supports snapshots".into(),
+            )),
+        }
+    }
+
     pub fn new(driver: Arc<Driver>) -> Self {
         Self { driver }
     }
@@ -308,18 +319,24 @@ impl csi::controller_server::Controller for ControllerService {
         &self,
         _req: Request<csi::ControllerPublishVolumeRequest>,
     ) -> Result<Response<csi::ControllerPublishVolumeResponse>, Status> {
-        Err(Status::unimplemented(
-            "ControllerPublishVolume is not needed by local volumes",
-        ))
+        rpc("ControllerPublishVolume", "", async {
+            Err(Error::Unsupported(
+                "ControllerPublishVolume is not needed by local volumes".into(),
+            ))
+        })
+        .await
     }
 
     async fn controller_unpublish_volume(
         &self,
         _req: Request<csi::ControllerUnpublishVolumeRequest>,
     ) -> Result<Response<csi::ControllerUnpublishVolumeResponse>, Status> {
-        Err(Status::unimplemented(
-            "ControllerUnpublishVolume is not needed by local volumes",
-        ))
+        rpc("ControllerUnpublishVolume", "", async {
+            Err(Error::Unsupported(
+                "ControllerUnpublishVolume is not needed by local volumes".into(),
+            ))
+        })
+        .await
     }
 
     async fn validate_volume_capabilities(
@@ -475,12 +492,8 @@ impl csi::controller_server::Controller for ControllerService {
         req: Request<csi::CreateSnapshotRequest>,
     ) -> Result<Response<csi::CreateSnapshotResponse>, Status> {
         let req = req.into_inner();
-        if !self.driver.pools.any_snapshots() {
-            return Err(Status::unimplemented(
-                "no pool of this node supports snapshots",
-            ));
-        }
         rpc("CreateSnapshot", &req.source_volume_id, async {
+            self.snapshots_offered()?;
             let name = VolumeName::parse(&req.name)?;
             let cow_size = decode_snapshot_params(&req.parameters)?;
             let source = match VolumeId::parse("source_volume_id", &req.source_volume_id)? {
@@ -548,12 +561,8 @@ impl csi::controller_server::Controller for ControllerService {
         req: Request<csi::DeleteSnapshotRequest>,
     ) -> Result<Response<csi::DeleteSnapshotResponse>, Status> {
         let req = req.into_inner();
-        if !self.driver.pools.any_snapshots() {
-            return Err(Status::unimplemented(
-                "no pool of this node supports snapshots",
-            ));
-        }
         rpc("DeleteSnapshot", &req.snapshot_id, async {
+            self.snapshots_offered()?;
             let ParsedId::Volume(id) = VolumeId::parse("snapshot_id", &req.snapshot_id)? else {
                 return Ok(csi::DeleteSnapshotResponse {});
             };
@@ -572,12 +581,8 @@ impl csi::controller_server::Controller for ControllerService {
         req: Request<csi::ListSnapshotsRequest>,
     ) -> Result<Response<csi::ListSnapshotsResponse>, Status> {
         let req = req.into_inner();
-        if !self.driver.pools.any_snapshots() {
-            return Err(Status::unimplemented(
-                "no pool of this node supports snapshots",
-            ));
-        }
         rpc("ListSnapshots", &req.snapshot_id, async {
+            self.snapshots_offered()?;
             let max = decode_max_entries(req.max_entries)?;
             let mut all = Vec::new();
             if !req.snapshot_id.is_empty() {
@@ -680,17 +685,23 @@ impl csi::controller_server::Controller for ControllerService {
         &self,
         _req: Request<csi::ControllerGetVolumeRequest>,
     ) -> Result<Response<csi::ControllerGetVolumeResponse>, Status> {
-        Err(Status::unimplemented(
-            "ControllerGetVolume is not supported",
-        ))
+        rpc("ControllerGetVolume", "", async {
+            Err(Error::Unsupported(
+                "ControllerGetVolume is not supported".into(),
+            ))
+        })
+        .await
     }
 
     async fn controller_modify_volume(
         &self,
         _req: Request<csi::ControllerModifyVolumeRequest>,
     ) -> Result<Response<csi::ControllerModifyVolumeResponse>, Status> {
-        Err(Status::unimplemented(
-            "ControllerModifyVolume is not supported",
-        ))
+        rpc("ControllerModifyVolume", "", async {
+            Err(Error::Unsupported(
+                "ControllerModifyVolume is not supported".into(),
+            ))
+        })
+        .await
     }
 }

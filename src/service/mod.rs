@@ -209,6 +209,7 @@ impl From<Error> for Status {
             Error::Aborted(_) => Code::Aborted,
             Error::FailedPrecondition(_) => Code::FailedPrecondition,
             Error::Unavailable(_) => Code::Unavailable,
+            Error::Unsupported(_) => Code::Unimplemented,
             Error::Io { source, .. } if source.raw_os_error() == Some(libc::ENOSPC) => {
                 Code::ResourceExhausted
             }
