@@ -241,7 +241,7 @@ pub(crate) mod tests {
             // ext4's online resize needs CAP_SYS_RESOURCE, which some sandboxes
             // drop even for root; the VM tests run it with full root.
             if fs == FsType::Ext4 && !has_cap_sys_resource() {
-                eprintln!("skipping the ext4 online grow: no CAP_SYS_RESOURCE here");
+                crate::testing::skip("ext4 online grow", "no CAP_SYS_RESOURCE here");
                 continue;
             }
             let mnt = tempfile::tempdir().unwrap();

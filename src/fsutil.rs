@@ -498,11 +498,14 @@ mod tests {
     fn a_spare_that_cannot_be_renamed_falls_back_to_a_new_file() {
         let d = tempfile::tempdir().unwrap();
         let Ok(other_fs) = tempfile::tempdir_in("/dev/shm") else {
-            eprintln!("no /dev/shm: skipped");
+            crate::testing::skip("spare on another filesystem", "no /dev/shm here");
             return;
         };
         if fs::metadata(other_fs.path()).unwrap().dev() == fs::metadata(d.path()).unwrap().dev() {
-            eprintln!("/dev/shm is on the temp dir's filesystem: skipped");
+            crate::testing::skip(
+                "spare on another filesystem",
+                "/dev/shm is on the temp dir's filesystem",
+            );
             return;
         }
         let spare = other_fs.path().join("spare");

@@ -26,6 +26,8 @@ pub mod server;
 mod service;
 pub mod size;
 mod task;
+#[cfg(test)]
+mod testing;
 
 /// Bindings generated from `proto/csi.proto` (CSI spec v1.11).
 #[allow(clippy::all, missing_docs)]
