@@ -449,6 +449,17 @@ pub fn unpublish(target: &Path, volume: Option<(&Source, AccessType)>) -> Result
     remove_target(target)
 }
 
+/// For a target whose volume is unknown: removes it (never recursively)
+/// when nothing is mounted there, and answers whether it did; a mount there
+/// is left alone, since nothing says whose it is.
+pub fn remove_unmounted_target(target: &Path) -> Result<bool> {
+    if MountTable::read()?.at(target).is_some() {
+        return Ok(false);
+    }
+    remove_target(target)?;
+    Ok(true)
+}
+
 /// Removes an unmounted target path, never recursively.
 fn remove_target(target: &Path) -> Result<()> {
     // A directory (mount volumes) or a file (raw block volumes): rmdir first,

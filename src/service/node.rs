@@ -389,20 +389,16 @@ impl csi::node_server::Node for NodeService {
             }
             let found = self.driver.find("volume_id", &req.volume_id).await?;
             let Some((id, pool, vol)) = found else {
-                let target = blocking(move || target.resolve()).await?;
                 // Nothing left to attribute the target to. An empty target is
                 // idempotently gone; a mounted one is not ours to touch.
-                let t = target.clone();
-                let mounted =
-                    blocking(move || Ok(crate::mount::MountTable::read()?.at(&t).is_some()))
-                        .await?;
-                if mounted {
+                let removed =
+                    blocking(move || nodeops::remove_unmounted_target(&target.resolve()?)).await?;
+                if !removed {
                     return Err(Error::NotFound(format!(
                         "volume {:?} does not exist",
                         req.volume_id
                     )));
                 }
-                blocking(move || nodeops::unpublish(&target, None)).await?;
                 return Ok(csi::NodeUnpublishVolumeResponse {});
             };
             let _guard = self.driver.lock_volume(&id)?;
