@@ -456,7 +456,7 @@ mod tests {
             parse_lv_time("2026-11-22 04:26:32 +0000").unwrap()
         );
 
-        let snap = by_name("snap-0123456789abcdef0123456789abcdef");
+        let snap = by_name("sn-0123456789abcdef0123456789abcdef");
         assert!(snap.is_thin_volume() && !snap.is_thin_pool() && !snap.is_cow_snapshot());
         assert_eq!(snap.origin, vol.name);
         assert_eq!(snap.pool_lv, "tp");
