@@ -481,6 +481,10 @@ pub enum MountAt {
     Volume,
     /// Nothing: the path is a plain file or directory.
     Nothing,
+    /// A bind of the volume's device node as it was before the device was
+    /// removed and made again (a deactivated and reactivated LV): the pod
+    /// holds a stale node, not the live volume.
+    Stale,
     /// Something else, e.g. another volume: the volume is not at this path.
     Other,
 }
@@ -489,7 +493,8 @@ pub enum MountAt {
 pub fn mount_at(path: &Path, loc: &Location) -> Result<MountAt> {
     Ok(match MountTable::read()?.at(path) {
         None => MountAt::Nothing,
-        Some(m) if m.location() == *loc || is_deleted_copy(&m.location(), loc) => MountAt::Volume,
+        Some(m) if m.location() == *loc => MountAt::Volume,
+        Some(m) if is_deleted_copy(&m.location(), loc) => MountAt::Stale,
         Some(_) => MountAt::Other,
     })
 }

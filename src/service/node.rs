@@ -106,6 +106,12 @@ impl NodeService {
                     let why = format!("{path:?} is not a mount of this volume");
                     Ok((path, Err(why)))
                 }
+                MountAt::Stale => {
+                    let why = format!(
+                        "{path:?} is not a mount of this volume: it binds the volume's device node as it was before the device was recreated"
+                    );
+                    Ok((path, Err(why)))
+                }
                 MountAt::Other => Err(Error::NotFound(format!(
                     "volume {id} is not at {path:?}: another mount is there"
                 ))),
