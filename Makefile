@@ -67,7 +67,9 @@ upstream-sanity:
 
 # Tests that need the VM's kernel (project quotas here; device-mapper too):
 # every sanity-tests/tests/vm_*.rs binary, all in ONE boot of vm/run, with
-# --include-ignored (see vm/guest-tests). The driver and the test binaries are
+# --include-ignored (see vm/guest-tests), then upstream csi-sanity on a quota
+# dir pool, a thick and a thin LVM pool in that same boot (vm/guest-csi-sanity;
+# CI, CSI_SANITY and CSI_SANITY_ARGS pass into the guest). The driver and the test binaries are
 # copied to a private dir first, so a concurrent build cannot replace them
 # under the running guest. The guest sees the host's / read-only; its /tmp is
 # its own tmpfs. Fails if the guest does not boot (vm/run: 124/125).
@@ -95,8 +97,8 @@ test-vm:
 	[ -n "$$tests" ] || { echo "test-vm: no vm_* test binaries were built" >&2; exit 1; }; \
 	start=$$(date +%s); \
 	rc=0; \
-	LOCALVOL_BIN="$$dir/localvol" VM_PASS_ENV="LOCALVOL_BIN RUST_LOG" \
-		vm/run --timeout $(VM_TEST_TIMEOUT) -- vm/guest-tests $$tests || rc=$$?; \
+	LOCALVOL_BIN="$$dir/localvol" VM_PASS_ENV="LOCALVOL_BIN RUST_LOG CI CSI_SANITY CSI_SANITY_ARGS" \
+		vm/run --timeout $(VM_TEST_TIMEOUT) -- vm/guest-tests --script vm/guest-csi-sanity $$tests || rc=$$?; \
 	echo "test-vm: VM run took $$(($$(date +%s) - start)) s, exit $$rc"; \
 	exit $$rc
 
