@@ -156,7 +156,7 @@ RBAC = {
     },
 }
 # localvol's own roles: exactly the API calls of its code (grep Api:: in
-# src/controller/ and src/discovery/). kube-runtime's watcher lists and
+# src/controller/, src/discovery/ and src/orphans.rs). kube-runtime's watcher lists and
 # watches; the events Recorder creates events.k8s.io Events and patches them
 # when an event repeats; cluster-scoped objects' Events go to "default", so
 # the Event rule is cluster-wide.
@@ -173,7 +173,7 @@ RBAC.update({
     ("Role", "controller"): {
         ("coordination.k8s.io", "leases"): {"get", "create", "update"},  # get_opt, create, replace
     },
-    # src/discovery/k8s.rs (Discoverer) + orphans.rs, run by `localvol serve`.
+    # src/discovery/k8s.rs (Discoverer) + src/orphans.rs, run by `localvol serve`.
     ("ClusterRole", "discovery"): {
         ("", "persistentvolumes"): {"get", "list", "watch", "create", "delete"},
         ("events.k8s.io", "events"): {"create", "patch"},
@@ -277,12 +277,13 @@ def camel(snake):
 
 
 def config_fields():
-    """Field names of the driver's config structs, read from src/config.rs
+    """Field names of the driver's config structs, read from src/config/
     (serde rename_all = camelCase, deny_unknown_fields)."""
     out = {}
-    for file, structs in (("config.rs", ("Config", "DirPoolConfig", "LvmPoolConfig")),
-                          ("discovery/mod.rs", ("DiscoveryConfig", "DiscoveryClass", "CleanupConfig")),
-                          ("discovery/orphans.rs", ("OrphansConfig",))):
+    for file, structs in (("config/mod.rs", ("Config", "DirPoolConfig", "LvmPoolConfig",
+                                             "OrphansConfig")),
+                          ("config/discovery.rs", ("DiscoveryConfig", "DiscoveryClass",
+                                                   "CleanupConfig"))):
         src = open(os.path.join(REPO, "src", file)).read()
         for struct in structs:
             m = re.search(r"pub struct %s \{(.*?)\n\}" % struct, src, re.S)
@@ -428,8 +429,8 @@ def check_driver_config(render, cfg, fields, pod, localvol):
             continue
         extra = set(p) - allowed
         if extra:
-            problems.append(f"pool {n}: unknown keys {sorted(extra)} (src/config.rs)")
-    R.check(not problems, f"{render}: driver config.yaml matches src/config.rs "
+            problems.append(f"pool {n}: unknown keys {sorted(extra)} (src/config/mod.rs)")
+    R.check(not problems, f"{render}: driver config.yaml matches src/config/mod.rs "
             f"({len(pools)} pools: {', '.join(str(x) for x in names)})", "; ".join(problems))
     if localvol and any(p.get("type") == "lvm" for p in pools):
         have = {m["mountPath"]: v for m, v in mounts}
@@ -466,7 +467,7 @@ def check_discovery(render, cfg, fields, pod, localvol):
             g = o.get("graceSeconds", 3600)
             if not isinstance(g, int) or isinstance(g, bool) or g < 0:
                 bad.append(f"graceSeconds {g!r}")
-        R.check(not bad, f"{render}: orphans config matches src/discovery/orphans.rs", "; ".join(bad))
+        R.check(not bad, f"{render}: orphans config matches src/config/mod.rs", "; ".join(bad))
     d = cfg.get("discovery")
     if d is None:
         return set()
@@ -496,7 +497,7 @@ def check_discovery(render, cfg, fields, pod, localvol):
             problems.append(f"class {i}: not a mapping")
             continue
         tag = f"class {c.get('storageClass', i)}"
-        problems += [f"{tag}: unknown key {k} (src/discovery/mod.rs)"
+        problems += [f"{tag}: unknown key {k} (src/config/discovery.rs)"
                      for k in set(c) - fields["DiscoveryClass"]]
         for k in ("storageClass", "hostDir", "volumeMode", "cleanup"):
             if k not in c:
@@ -521,7 +522,7 @@ def check_discovery(render, cfg, fields, pod, localvol):
                 problems.append(f"{tag}: hostDir {hd} mounted without HostToContainer/Bidirectional propagation")
     if len(names) != len(classes):
         problems.append("duplicate storageClass names")
-    R.check(not problems, f"{render}: discovery config matches src/discovery/mod.rs and its "
+    R.check(not problems, f"{render}: discovery config matches src/config/discovery.rs and its "
             f"hostDirs are mounted at the same path with propagation ({len(classes)} classes)",
             "; ".join(problems))
     return {n for n in names if n}
@@ -988,7 +989,7 @@ def check_sources(fields):
     dirp = set(schema["definitions"]["dirPool"]["properties"]) - {"hostPathType"}
     lvmp = set(schema["definitions"]["lvmPool"]["properties"])
     R.check(dirp == fields["DirPoolConfig"] | {"type"} and lvmp == fields["LvmPoolConfig"] | {"type"},
-            "chart values.schema.json pool keys are src/config.rs's",
+            "chart values.schema.json pool keys are src/config/mod.rs's",
             f"dir {sorted(dirp ^ (fields['DirPoolConfig'] | {'type'}))}, "
             f"lvm {sorted(lvmp ^ (fields['LvmPoolConfig'] | {'type'}))}")
     # Versions: the image the manifests deploy is this crate's.
