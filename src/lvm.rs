@@ -382,6 +382,86 @@ pub async fn change(args: Vec<String>) -> Result<(), LvmError> {
     run(args).await.map(|_| ())
 }
 
+/// What a new LV is, for [`lvcreate_args`].
+#[derive(Clone, Copy, Debug)]
+pub enum NewLv<'a> {
+    /// A thin LV of `size` bytes in the thin pool `pool` of the VG.
+    Thin { pool: &'a str, size: u64 },
+    /// A thick LV of `size` bytes whose old signatures are wiped and whose
+    /// start is zeroed (a deleted volume's filesystem must never show
+    /// through), with the pool's extra `lvcreate` options (e.g. raid1).
+    Thick { size: u64, options: &'a [String] },
+    /// A thin snapshot of `origin` (an LV name in the VG) that is a volume:
+    /// activated like any volume.
+    ThinVolumeOf { origin: &'a str },
+    /// A snapshot of `origin`: copy-on-write with room for `cow_size` bytes
+    /// of changes (thick), or thin (None; its activation is skipped, as
+    /// lvm does by default).
+    Snapshot {
+        origin: &'a str,
+        cow_size: Option<u64>,
+    },
+}
+
+/// The one place `lvcreate` arguments are built (for [`change`]): the
+/// driver's volumes, restores, clones and snapshots, and the benchmark's
+/// bare floor. `tags` are added with `--addtag`.
+pub fn lvcreate_args(vg: &str, name: &str, tags: &[String], what: NewLv) -> Vec<String> {
+    let mut a: Vec<String> = vec!["lvcreate".into(), "--yes".into()];
+    if !matches!(what, NewLv::Snapshot { .. }) {
+        a.extend(["--activate".into(), "y".into()]);
+    }
+    a.extend(["--name".into(), name.into()]);
+    for t in tags {
+        a.extend(["--addtag".into(), t.clone()]);
+    }
+    match what {
+        NewLv::Thin { pool, size } => a.extend([
+            "--virtualsize".into(),
+            format!("{size}b"),
+            "--thin".into(),
+            format!("{vg}/{pool}"),
+        ]),
+        NewLv::Thick { size, options } => {
+            a.extend(["--wipesignatures", "y", "--zero", "y"].map(String::from));
+            a.extend(["--size".into(), format!("{size}b")]);
+            a.extend(options.iter().cloned());
+            a.push(vg.into());
+        }
+        NewLv::ThinVolumeOf { origin } => {
+            a.extend(["--snapshot", "--setactivationskip", "n"].map(String::from));
+            a.push(format!("{vg}/{origin}"));
+        }
+        NewLv::Snapshot { origin, cow_size } => {
+            a.push("--snapshot".into());
+            if let Some(cow) = cow_size {
+                a.extend(["--size".into(), format!("{cow}b")]);
+            }
+            a.push(format!("{vg}/{origin}"));
+        }
+    }
+    a
+}
+
+/// Grows `VG/LV` to `size` bytes.
+pub async fn extend(lv_path: &str, size: u64) -> Result<(), LvmError> {
+    change(vec![
+        "lvextend".into(),
+        "--size".into(),
+        format!("{size}b"),
+        lv_path.into(),
+    ])
+    .await
+}
+
+/// Removes `VG/LV`; one that is already gone is fine (idempotent deletes).
+pub async fn remove(lv_path: &str) -> Result<(), LvmError> {
+    match change(vec!["lvremove".into(), "--yes".into(), lv_path.into()]).await {
+        Ok(()) | Err(LvmError::NotFound(_)) => Ok(()),
+        Err(e) => Err(e),
+    }
+}
+
 /// Activates `VG/LV`, also when it carries the activation-skip flag (thin
 /// snapshots do by default): whoever asks needs its device node.
 pub async fn activate(lv_path: &str) -> Result<(), LvmError> {
@@ -416,6 +496,71 @@ mod tests {
     /// Recorded in the VM (lvm 2.03, Debian 12): a thin pool, a mounted thin LV
     /// holding data, and a thin snapshot of it (activation skipped).
     const LVS_THIN: &str = include_str!("../tests/fixtures/lvm/lvs-thin.json");
+
+    #[test]
+    fn lvcreate_args_for_snapshots_and_restores() {
+        let tags = ["localvol".to_owned()];
+        let cow = lvcreate_args(
+            "vg",
+            "sn-a",
+            &tags,
+            NewLv::Snapshot {
+                origin: "lv-a",
+                cow_size: Some(4096),
+            },
+        );
+        assert_eq!(
+            cow,
+            [
+                "lvcreate",
+                "--yes",
+                "--name",
+                "sn-a",
+                "--addtag",
+                "localvol",
+                "--snapshot",
+                "--size",
+                "4096b",
+                "vg/lv-a"
+            ]
+        );
+        let thin = lvcreate_args(
+            "vg",
+            "sn-a",
+            &[],
+            NewLv::Snapshot {
+                origin: "lv-a",
+                cow_size: None,
+            },
+        );
+        assert_eq!(
+            thin,
+            [
+                "lvcreate",
+                "--yes",
+                "--name",
+                "sn-a",
+                "--snapshot",
+                "vg/lv-a"
+            ]
+        );
+        let restore = lvcreate_args("vg", "lv-b", &[], NewLv::ThinVolumeOf { origin: "sn-a" });
+        assert_eq!(
+            restore,
+            [
+                "lvcreate",
+                "--yes",
+                "--activate",
+                "y",
+                "--name",
+                "lv-b",
+                "--snapshot",
+                "--setactivationskip",
+                "n",
+                "vg/sn-a"
+            ]
+        );
+    }
 
     #[test]
     fn parses_recorded_lvs() {

@@ -33,7 +33,7 @@ use super::{
     STAGE, UNPUBLISH, UNSTAGE,
 };
 use localvol::blockdev::{self, FsType};
-use localvol::lvm::{self, LvmError};
+use localvol::lvm::{self, LvmError, NewLv};
 
 /// Step names of an LVM floor lifecycle, matching the CSI steps one to one.
 pub const LVM_FLOOR_STEPS: [&str; 6] = [
@@ -123,24 +123,14 @@ pub fn floor_fs(fs_type: &str) -> Result<FsType, String> {
 }
 
 /// The `lvcreate` arguments (after `lvm`) of one floor LV: the driver's
-/// (src/pool/lvm.rs `create_args`) without its tags.
+/// (`localvol::lvm::lvcreate_args`, the one builder) without its tags or
+/// lvcreate options.
 pub fn lvcreate_args(target: &FloorLvm, name: &str, size: u64) -> Vec<String> {
-    let mut a: Vec<String> = ["lvcreate", "--yes", "--activate", "y", "--name", name]
-        .map(String::from)
-        .to_vec();
-    match &target.thin_pool {
-        Some(tp) => a.extend([
-            "--virtualsize".into(),
-            format!("{size}b"),
-            "--thin".into(),
-            format!("{}/{tp}", target.vg),
-        ]),
-        None => {
-            a.extend(["--wipesignatures", "y", "--zero", "y"].map(String::from));
-            a.extend(["--size".into(), format!("{size}b"), target.vg.clone()]);
-        }
-    }
-    a
+    let what = match &target.thin_pool {
+        Some(pool) => NewLv::Thin { pool, size },
+        None => NewLv::Thick { size, options: &[] },
+    };
+    localvol::lvm::lvcreate_args(&target.vg, name, &[], what)
 }
 
 struct Ctx {

@@ -1,0 +1,59 @@
+//! `lvcreate` arguments for new volumes, restores and clones (built by
+//! [`lvm::lvcreate_args`], the one builder).
+
+use super::tags::*;
+use super::LvmPool;
+use crate::lvm::{self, LvInfo, NewLv};
+use crate::pool::CreateRequest;
+
+impl LvmPool {
+    /// A new, empty volume, tagged as unfinished until `lvcreate` is seen to
+    /// have completed.
+    pub(super) fn create_args(&self, req: &CreateRequest, size: u64) -> Vec<String> {
+        let mut tags = self.tags("volume", req.name.as_str(), req.access_type);
+        tags.push(TAG_CREATING.to_owned());
+        lvm::lvcreate_args(&self.vg, &lv_name(&req.id.key), &tags, self.new_lv(size))
+    }
+
+    /// A thin or thick LV of `size` bytes, as this pool makes them.
+    pub(super) fn new_lv(&self, size: u64) -> NewLv<'_> {
+        match &self.thin {
+            Some(pool) => NewLv::Thin { pool, size },
+            None => NewLv::Thick {
+                size,
+                options: &self.options,
+            },
+        }
+    }
+
+    /// `lvcreate` arguments for a volume made from `src_lv`: a thin snapshot
+    /// (thin pools) or a new LV for a block copy (thick pools), each tagged
+    /// as unfinished.
+    pub(super) fn create_from_args(
+        &self,
+        req: &CreateRequest,
+        src_id: &str,
+        src_lv: &LvInfo,
+        src_size: u64,
+        size: u64,
+    ) -> Vec<String> {
+        let mut tags = self.tags("volume", req.name.as_str(), req.access_type);
+        tags.push(format!("{TAG_SOURCE}={src_id}"));
+        if size > src_size {
+            tags.push(TAG_GROW.to_owned());
+        }
+        let what = match &self.thin {
+            Some(_) => {
+                tags.push(TAG_CREATING.to_owned());
+                NewLv::ThinVolumeOf {
+                    origin: &src_lv.name,
+                }
+            }
+            None => {
+                tags.push(TAG_RESTORING.to_owned());
+                self.new_lv(size)
+            }
+        };
+        lvm::lvcreate_args(&self.vg, &lv_name(&req.id.key), &tags, what)
+    }
+}

@@ -1,0 +1,549 @@
+//! LVM pools: each volume is a logical volume `lv-<key>` in the pool's volume
+//! group, thick or thin (from the pool's thin pool).
+//!
+//! `lvs` is the ground truth; the driver keeps no record of its own. Every LV it
+//! creates carries tags: `localvol` (ours), `localvol.pool=<pool>` (several pools
+//! may share a VG), `localvol.kind=volume|snapshot`, `localvol.name=<CSI name,
+//! tag-encoded>` and `localvol.access=mount|block`. A create that finds its LV
+//! already there (a retry, or a crash mid-create) recognises it by those tags
+//! instead of making a second one.
+//!
+//! - this file: the pool, its [`Pool`] implementation and the create path;
+//! - `tags`: the tag schema (which LVs are which of this pool's volumes and
+//!   snapshots);
+//! - `args`: `lvcreate` arguments (through `lvm::lvcreate_args`);
+//! - `capacity`: sizes in whole extents and what the pool can still offer;
+//! - `restore`: restores and clones (thin snapshots, or block copies that
+//!   survive a cancelled RPC and a crash);
+//! - `tests`: all of the above on recorded `lvs` JSON, without root or the VM.
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+
+use async_trait::async_trait;
+
+use super::{
+    AccessType, Capacity, CapacityRange, CreateRequest, Expanded, Pool, Snapshot, SnapshotRequest,
+    Source, Usage, Volume,
+};
+use crate::blockdev::FsType;
+use crate::config::{LvmPoolConfig, DEFAULT_VOLUME_SIZE};
+use crate::error::{Error, Result};
+use crate::ids::{PoolName, VolumeId, VolumeKey};
+use crate::lvm::{self, LvInfo, LvmError, NewLv};
+
+mod args;
+mod capacity;
+mod restore;
+mod tags;
+
+use capacity::*;
+use restore::*;
+use tags::*;
+
+pub struct LvmPool {
+    name: PoolName,
+    vg: String,
+    thin: Option<String>,
+    ratio: f64,
+    reserve: u64,
+    options: Vec<String>,
+    overhead: f64,
+    default_fs: FsType,
+    default_size: u64,
+    /// Block copies of thick restores and clones in flight, by target LV. They
+    /// run in tasks of their own: a CreateVolume cancelled by its caller's
+    /// timeout does not kill the copy, and the retried call joins it.
+    copies: Arc<Mutex<HashMap<String, SharedCopy>>>,
+    /// Held from the capacity check through `lvcreate`/`lvextend`, so
+    /// concurrent creates cannot together overfill the pool. LVM serialises
+    /// changes to a VG with its own lock anyway, so this costs no parallelism.
+    alloc: tokio::sync::Mutex<()>,
+}
+
+impl LvmPool {
+    pub async fn open(cfg: LvmPoolConfig) -> Result<Self> {
+        let pool = LvmPool {
+            default_fs: FsType::parse(&cfg.default_fs_type)?,
+            name: cfg.name,
+            vg: cfg.volume_group,
+            thin: cfg.thin_pool,
+            ratio: cfg.overprovision_ratio.unwrap_or(1.0),
+            reserve: cfg.reserve.0,
+            options: cfg.lvcreate_options,
+            overhead: cfg.capacity_overhead.unwrap_or(1.0),
+            default_size: cfg.default_size.map_or(DEFAULT_VOLUME_SIZE, |d| d.0),
+            alloc: tokio::sync::Mutex::new(()),
+            copies: Arc::default(),
+        };
+        pool.check()
+            .await
+            .map_err(|e| Error::FailedPrecondition(format!("pool {}: {e}", pool.name)))?;
+        tracing::info!(pool = %pool.name, vg = pool.vg, thin = ?pool.thin, "lvm pool opened");
+        Ok(pool)
+    }
+
+    fn lv_path(&self, lv: &str) -> String {
+        format!("{}/{lv}", self.vg)
+    }
+
+    /// Extends `lv` to `size` bytes if the pool has room for the difference
+    /// (checked and done under the allocation lock).
+    async fn grow_lv(&self, lv: &LvInfo, size: u64, what: &str) -> Result<()> {
+        let _alloc = self.alloc.lock().await;
+        let (ever, now) = self.limits().await?;
+        self.check_room(size, ever, now.saturating_add(lv.size), what)?;
+        lvm::extend(&self.lv_path(&lv.name), size).await?;
+        Ok(())
+    }
+
+    /// Activates one of the pool's LVs by name.
+    async fn activate_lv(&self, lv: &str) -> Result<()> {
+        lvm::activate(&self.lv_path(lv)).await?;
+        Ok(())
+    }
+
+    /// Removes a restore or clone that was cut short and cannot be finished.
+    async fn remove_unfinished(&self, lv: &LvInfo) -> Result<()> {
+        debug_assert!(is_unfinished(lv));
+        tracing::warn!(
+            lv = self.lv_path(&lv.name),
+            "removing an unfinished restore or clone: its source is gone or invalid"
+        );
+        Ok(lvm::remove(&self.lv_path(&lv.name)).await?)
+    }
+
+    async fn lookup(&self, key: &VolumeKey) -> Result<Option<LvInfo>> {
+        Ok(lvm::lv(&self.vg, &lv_name(key)).await?)
+    }
+
+    /// Completes a volume whose `lvcreate` may have been cut short: killed
+    /// with the driver (a pod's cgroup kill, the OOM killer, a power cut)
+    /// after committing the LV but before activating or wiping it. Activates
+    /// it and, when `wipe`, removes every signature and zeroes its start (what
+    /// `lvcreate --wipesignatures y --zero y` does after activation), then
+    /// drops the `creating` tag: a crash never hands out an inactive LV or a
+    /// deleted volume's filesystem. Nothing can have been written to the LV:
+    /// its create has not answered yet.
+    async fn finish_create(&self, lv: &LvInfo, wipe: bool) -> Result<()> {
+        let path = self.lv_path(&lv.name);
+        if !lv.is_active() {
+            self.activate_lv(&lv.name).await?;
+        }
+        if wipe && self.thin.is_none() {
+            let dev = format!("/dev/{path}");
+            crate::command::Cmd::new("wipefs")
+                .args(["--all", "--force", "--quiet"])
+                .arg(&dev)
+                .run()
+                .await?;
+            crate::command::Cmd::new("dd")
+                .args(["if=/dev/zero", "bs=4096", "count=1", "oflag=direct"])
+                .args(["conv=fsync,notrunc", "status=none"])
+                .arg(format!("of={dev}"))
+                .run()
+                .await?;
+        }
+        lvm::delete_tag(&path, TAG_CREATING).await?;
+        Ok(())
+    }
+}
+
+#[async_trait]
+impl Pool for LvmPool {
+    fn name(&self) -> &PoolName {
+        &self.name
+    }
+
+    fn backend(&self) -> &'static str {
+        if self.thin.is_some() {
+            "lvm-thin"
+        } else {
+            "lvm"
+        }
+    }
+
+    fn supports(&self, _access: AccessType) -> bool {
+        true
+    }
+
+    fn expands_on_node(&self) -> bool {
+        true
+    }
+
+    fn default_fs_type(&self) -> Option<FsType> {
+        Some(self.default_fs)
+    }
+
+    async fn check(&self) -> Result<()> {
+        lvm::vg(&self.vg).await.map_err(|e| match e {
+            LvmError::NotFound(_) => {
+                Error::Unavailable(format!("volume group {} not found", self.vg))
+            }
+            other => other.into(),
+        })?;
+        if let Some(thin) = &self.thin {
+            match lvm::lv(&self.vg, thin).await? {
+                Some(lv) if lv.is_thin_pool() => {}
+                Some(_) => {
+                    return Err(Error::Unavailable(format!(
+                        "{}/{thin} is not a thin pool",
+                        self.vg
+                    )))
+                }
+                None => {
+                    return Err(Error::Unavailable(format!(
+                        "thin pool {}/{thin} not found",
+                        self.vg
+                    )))
+                }
+            }
+        }
+        Ok(())
+    }
+
+    async fn create(&self, req: &CreateRequest) -> Result<Volume> {
+        if req.inode_limit.is_some() {
+            return Err(Error::InvalidArgument(format!(
+                "inodeLimit applies to dir pools; pool {} is LVM",
+                self.name
+            )));
+        }
+        if let Some(src) = &req.source {
+            return self.create_from(req, src).await;
+        }
+        let encoded_name = lvm::encode_tag_value(req.name.as_str());
+        if let Some(mut lv) = self.lookup(&req.id.key).await? {
+            if self.is_ours(&lv) && lv.tag_value(TAG_SOURCE).is_some() {
+                // A restore or clone (complete or not) is not the empty
+                // volume this request asks for.
+                return Err(Error::AlreadyExists(format!(
+                    "volume {:?} already exists, made from {}; this request has no content source",
+                    req.name.as_str(),
+                    lv.tag_value(TAG_SOURCE).unwrap_or_default()
+                )));
+            }
+            if self.is_ours(&lv)
+                && lv.has_tag(TAG_CREATING)
+                && lv.tag_value(TAG_NAME) == Some(encoded_name.as_str())
+            {
+                // An earlier create of this volume was cut short: finish it.
+                self.finish_create(&lv, true).await?;
+                lv.tags.retain(|t| t != TAG_CREATING);
+            }
+            return match self.to_volume(&lv) {
+                Some(v) => super::matches_request(v, req, false),
+                None => Err(self.not_ours(&lv.name)),
+            };
+        }
+        let _alloc = self.alloc.lock().await;
+        // One vgs for both the extent size and the room (each lvm run costs
+        // a process start and a device scan).
+        let vg = lvm::vg(&self.vg).await?;
+        let size = size_in_extents(req.range, self.default_size, vg.extent_size.max(512))?;
+        let (ever, now) = self.limits_in(&vg).await?;
+        self.check_room(size, ever, now, &format!("volume {}", req.name.as_str()))?;
+        let finished = match lvm::change(self.create_args(req, size)).await {
+            Ok(()) => true,
+            // A create cut short earlier (or still finishing) made it: check it below.
+            Err(LvmError::AlreadyExists(_)) => false,
+            Err(e) => return Err(e.into()),
+        };
+        let mut lv = self.lookup(&req.id.key).await?.ok_or_else(|| {
+            Error::Internal(format!(
+                "lvcreate succeeded but {}/{} is missing",
+                self.vg,
+                lv_name(&req.id.key)
+            ))
+        })?;
+        if self.is_ours(&lv)
+            && lv.has_tag(TAG_CREATING)
+            && lv.tag_value(TAG_NAME) == Some(encoded_name.as_str())
+        {
+            // After our lvcreate (it activated and wiped the LV) only the tag
+            // goes; an LV another, cut-short lvcreate made is finished in full.
+            self.finish_create(&lv, !finished).await?;
+            lv.tags.retain(|t| t != TAG_CREATING);
+        }
+        let vol = self.to_volume(&lv).ok_or_else(|| self.not_ours(&lv.name))?;
+        super::matches_request(vol, req, false)
+    }
+
+    async fn delete(&self, id: &VolumeId) -> Result<()> {
+        // Thick pools must look for COW snapshots of the volume, so one
+        // `lvs VG` serves both the lookup and that check; thin snapshots do
+        // not depend on their origin, so thin pools look up the LV alone.
+        let all = match self.thin {
+            None => Some(lvm::lvs(&self.vg).await?),
+            Some(_) => None,
+        };
+        let name = lv_name(&id.key);
+        let found = match &all {
+            Some(all) => all.iter().find(|l| l.name == name).cloned(),
+            None => self.lookup(&id.key).await?,
+        };
+        let Some(lv) = found else {
+            return Ok(());
+        };
+        if !self.is_ours(&lv) {
+            return Err(Error::FailedPrecondition(format!(
+                "LV {}/{} does not carry this pool's tags; not removing it",
+                self.vg, lv.name
+            )));
+        }
+        if lv.open {
+            return Err(Error::FailedPrecondition(format!(
+                "volume {id} ({}) is in use (mounted or open); unpublish and unstage it first",
+                lv.path
+            )));
+        }
+        // A published raw block volume is a bind of its device node, which
+        // does not open the device: look for it in the mount table.
+        let dev = PathBuf::from(format!("/dev/{}", self.lv_path(&lv.name)));
+        let bound = crate::error::blocking(move || {
+            let table = crate::mount::MountTable::read()?;
+            match crate::mount::locate_device_node(&table, &dev) {
+                Ok(loc) => Ok(table.mounts_of(&loc).next().map(|m| m.mount_point.clone())),
+                // Not active: no device node to bind.
+                Err(Error::NotFound(_)) => Ok(None),
+                Err(e) => Err(e),
+            }
+        })
+        .await?;
+        if let Some(at) = bound {
+            return Err(Error::FailedPrecondition(format!(
+                "volume {id} is published at {at:?}; unpublish it first"
+            )));
+        }
+        let dependants: Vec<String> = all
+            .iter()
+            .flatten()
+            .filter(|l| l.is_cow_snapshot() && l.origin == lv.name)
+            .map(|l| l.name.clone())
+            .collect();
+        if !dependants.is_empty() {
+            return Err(Error::FailedPrecondition(format!(
+                "volume {id} still has snapshots ({}); delete them first",
+                dependants.join(", ")
+            )));
+        }
+        Ok(lvm::remove(&self.lv_path(&lv.name)).await?)
+    }
+
+    async fn expand(&self, id: &VolumeId, range: CapacityRange) -> Result<Expanded> {
+        let lv = self
+            .lookup(&id.key)
+            .await?
+            .ok_or_else(|| Error::NotFound(format!("volume {id} does not exist")))?;
+        let size = self.size_for(range).await?;
+        if size < lv.size {
+            if range.admits(lv.size) {
+                return Ok(Expanded {
+                    size_bytes: lv.size,
+                    node_expansion_required: true,
+                });
+            }
+            return Err(Error::OutOfRange(format!(
+                "volume {id} is {} bytes; shrinking is not supported",
+                lv.size
+            )));
+        }
+        if size > lv.size {
+            self.grow_lv(&lv, size, &format!("expanding {id}")).await?;
+        }
+        Ok(Expanded {
+            size_bytes: size,
+            node_expansion_required: true,
+        })
+    }
+
+    async fn get(&self, id: &VolumeId) -> Result<Option<Volume>> {
+        Ok(self
+            .lookup(&id.key)
+            .await?
+            .and_then(|lv| self.to_volume(&lv)))
+    }
+
+    async fn list(&self) -> Result<Vec<Volume>> {
+        Ok(lvm::lvs(&self.vg)
+            .await?
+            .iter()
+            .filter_map(|lv| self.to_volume(lv))
+            .collect())
+    }
+
+    async fn capacity(&self) -> Result<Capacity> {
+        let (_, now) = self.limits().await?;
+        Ok(Capacity {
+            available_bytes: now,
+            maximum_volume_size: now,
+        })
+    }
+
+    fn source(&self, vol: &Volume) -> Result<Source> {
+        let key = vol
+            .id
+            .rsplit_once('.')
+            .and_then(|(_, k)| VolumeKey::parse(k))
+            .ok_or_else(|| Error::Internal(format!("malformed volume id {:?}", vol.id)))?;
+        Ok(Source::Device(PathBuf::from(format!(
+            "/dev/{}/{}",
+            self.vg,
+            lv_name(&key)
+        ))))
+    }
+
+    async fn usage(&self, vol: &Volume) -> Result<Option<Usage>> {
+        if vol.access_type != AccessType::Block {
+            return Ok(None);
+        }
+        Ok(Some(Usage {
+            total_bytes: vol.size_bytes,
+            ..Usage::default()
+        }))
+    }
+
+    fn supports_snapshots(&self) -> bool {
+        true
+    }
+
+    fn device_of(&self, id: &VolumeId) -> Option<PathBuf> {
+        Some(PathBuf::from(format!(
+            "/dev/{}",
+            self.lv_path(&lv_name(&id.key))
+        )))
+    }
+
+    async fn activate(&self, vol: &Volume) -> Result<()> {
+        let key = volume_key(vol)?;
+        self.activate_lv(&lv_name(&key)).await?;
+        tracing::info!(volume = %vol.id, "activated the volume's LV");
+        Ok(())
+    }
+
+    async fn filesystem_grown(&self, vol: &Volume) -> Result<()> {
+        let key = volume_key(vol)?;
+        lvm::delete_tag(&self.lv_path(&lv_name(&key)), TAG_GROW).await?;
+        Ok(())
+    }
+
+    async fn create_snapshot(&self, req: &SnapshotRequest) -> Result<Snapshot> {
+        let name = snap_lv_name(&req.id.key);
+        if let Some(lv) = lvm::lv(&self.vg, &name).await? {
+            let snap = self.to_snapshot(&lv).ok_or_else(|| self.not_ours(&name))?;
+            if snap.name != req.name.as_str() || snap.source_volume_id != req.source.to_string() {
+                return Err(Error::AlreadyExists(format!(
+                    "snapshot {:?} already exists for another source volume ({})",
+                    req.name.as_str(),
+                    snap.source_volume_id
+                )));
+            }
+            return Ok(snap);
+        }
+        let src = self
+            .lookup(&req.source.key)
+            .await?
+            .filter(|l| self.to_volume(l).is_some())
+            .ok_or_else(|| {
+                Error::NotFound(format!("source volume {} does not exist", req.source))
+            })?;
+        let access = self
+            .to_volume(&src)
+            .map_or(AccessType::Mount, |v| v.access_type);
+        let mut tags = self.tags("snapshot", req.name.as_str(), access);
+        tags.push(format!("{TAG_SOURCE}={}", req.source));
+        tags.push(format!("{TAG_SIZE}={}", src.size));
+        let _alloc = self.alloc.lock().await;
+        let mut cow_size = None;
+        if self.thin.is_none() {
+            // A COW snapshot needs space for the changes made to its origin.
+            let cow = req.cow_size.unwrap_or(src.size);
+            let (ever, now) = self.limits().await?;
+            self.check_room(cow, ever, now, &format!("snapshot {}", req.name.as_str()))?;
+            cow_size = Some(cow);
+        }
+        let what = NewLv::Snapshot {
+            origin: &src.name,
+            cow_size,
+        };
+        let args = lvm::lvcreate_args(&self.vg, &name, &tags, what);
+        match lvm::change(args).await {
+            Ok(()) | Err(LvmError::AlreadyExists(_)) => {}
+            Err(e) => return Err(e.into()),
+        }
+        let lv = lvm::lv(&self.vg, &name).await?.ok_or_else(|| {
+            Error::Internal(format!(
+                "snapshot LV {} missing after lvcreate",
+                self.lv_path(&name)
+            ))
+        })?;
+        self.to_snapshot(&lv).ok_or_else(|| {
+            Error::Internal(format!(
+                "snapshot LV {} has unexpected tags",
+                self.lv_path(&name)
+            ))
+        })
+    }
+
+    async fn delete_snapshot(&self, id: &VolumeId) -> Result<()> {
+        let name = snap_lv_name(&id.key);
+        let Some(lv) = lvm::lv(&self.vg, &name).await? else {
+            return Ok(());
+        };
+        if self.to_snapshot(&lv).is_none() {
+            return Err(Error::FailedPrecondition(format!(
+                "LV {} does not carry this pool's snapshot tags; not removing it",
+                self.lv_path(&name)
+            )));
+        }
+        Ok(lvm::remove(&self.lv_path(&name)).await?)
+    }
+
+    async fn get_snapshot(&self, id: &VolumeId) -> Result<Option<Snapshot>> {
+        Ok(lvm::lv(&self.vg, &snap_lv_name(&id.key))
+            .await?
+            .and_then(|lv| self.to_snapshot(&lv)))
+    }
+
+    async fn list_snapshots(&self) -> Result<Vec<Snapshot>> {
+        Ok(lvm::lvs(&self.vg)
+            .await?
+            .iter()
+            .filter_map(|lv| self.to_snapshot(lv))
+            .collect())
+    }
+
+    async fn condition(&self, vol: &Volume) -> Result<Option<String>> {
+        let Some((_, key)) = vol.id.rsplit_once('.') else {
+            return Ok(None);
+        };
+        let Some(key) = VolumeKey::parse(key) else {
+            return Ok(None);
+        };
+        let Some(lv) = self.lookup(&key).await? else {
+            return Ok(Some(format!("LV {}/{} is missing", self.vg, lv_name(&key))));
+        };
+        if !lv.is_active() {
+            return Ok(Some(format!("LV {}/{} is not active", self.vg, lv.name)));
+        }
+        if let Some(thin) = &self.thin {
+            if let Some(pool) = lvm::lv(&self.vg, thin).await? {
+                if pool.data_percent.unwrap_or(0.0) >= THIN_FULL_PERCENT
+                    || pool.metadata_percent.unwrap_or(0.0) >= THIN_FULL_PERCENT
+                {
+                    return Ok(Some(format!(
+                        "thin pool {}/{thin} is nearly full (data {:.1}%, metadata {:.1}%)",
+                        self.vg,
+                        pool.data_percent.unwrap_or(0.0),
+                        pool.metadata_percent.unwrap_or(0.0)
+                    )));
+                }
+            }
+        }
+        Ok(None)
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,262 @@
+//! Restores and clones: a new LV from a snapshot or a volume. Thin pools
+//! take a thin snapshot; thick pools copy blocks with `dd` in a task of its
+//! own (it survives a cancelled RPC), tagged `restoring` until complete, and
+//! a retry after a crash joins, finishes or removes it.
+
+use std::path::{Path, PathBuf};
+
+use futures::future::{BoxFuture, FutureExt, Shared};
+
+use super::tags::*;
+use super::LvmPool;
+use crate::error::{Error, Result};
+use crate::lvm::{self, LvInfo, LvmError};
+use crate::pool::{ContentSource, CreateRequest, Volume};
+
+pub(super) type SharedCopy = Shared<BoxFuture<'static, std::result::Result<(), String>>>;
+
+/// Copies a source LV's data into a restoring LV, then clears its
+/// `restoring` tag: only a complete copy becomes a visible volume.
+pub(super) async fn copy_and_mark(vg: String, from: String, to: String, bytes: u64) -> Result<()> {
+    // `dd of=` creates a plain file where no device node is (an inactive
+    // LV): the copy must land on the LV or fail.
+    let target = PathBuf::from(format!("/dev/{vg}/{to}"));
+    let is_dev = crate::error::blocking(move || {
+        use std::os::unix::fs::FileTypeExt;
+        Ok(std::fs::metadata(&target).is_ok_and(|m| m.file_type().is_block_device()))
+    })
+    .await?;
+    if !is_dev {
+        return Err(Error::Internal(format!(
+            "/dev/{vg}/{to} is not a block device (LV not active?)"
+        )));
+    }
+    crate::command::Cmd::new("dd")
+        .arg(format!("if=/dev/{vg}/{from}"))
+        .arg(format!("of=/dev/{vg}/{to}"))
+        .args([
+            "bs=4M",
+            "iflag=count_bytes",
+            "oflag=direct",
+            "conv=fsync,notrunc",
+            "status=none",
+        ])
+        .arg(format!("count={bytes}"))
+        .timeout(std::time::Duration::from_secs(24 * 3600))
+        .run()
+        .await?;
+    lvm::delete_tag(&format!("{vg}/{to}"), TAG_RESTORING).await?;
+    Ok(())
+}
+
+/// Whether a `dd` with the argument `target` (`of=/dev/VG/LV`) runs, as seen
+/// in `proc`'s `<pid>/cmdline` files: a copy a killed driver left behind.
+pub(super) fn copy_running(proc: &Path, target: &str) -> bool {
+    let Ok(entries) = std::fs::read_dir(proc) else {
+        return false;
+    };
+    entries.flatten().any(|e| {
+        let is_pid = e
+            .file_name()
+            .to_str()
+            .is_some_and(|n| n.bytes().all(|b| b.is_ascii_digit()));
+        is_pid
+            && std::fs::read(e.path().join("cmdline")).is_ok_and(|c| {
+                let mut args = c.split(|&b| b == 0);
+                let is_dd = args
+                    .next()
+                    .is_some_and(|a0| a0 == b"dd" || a0.ends_with(b"/dd"));
+                is_dd && args.any(|a| a == target.as_bytes())
+            })
+    })
+}
+
+impl LvmPool {
+    /// The LV holding a content source, and the size of the data it holds.
+    pub(super) async fn source_lv(&self, src: &ContentSource) -> Result<(LvInfo, u64)> {
+        match src {
+            ContentSource::Snapshot(id) => {
+                let lv = lvm::lv(&self.vg, &snap_lv_name(&id.key)).await?;
+                let snap = lv.as_ref().and_then(|l| self.to_snapshot(l));
+                match (lv, snap) {
+                    // A COW snapshot whose area overflowed: dm-snapshot
+                    // dropped it, its reads fail.
+                    (Some(_), Some(snap)) if !snap.ready => {
+                        Err(Error::FailedPrecondition(format!(
+                            "snapshot {id} is invalid: its copy-on-write space (snapshotSize) \
+                             filled up; it cannot be restored"
+                        )))
+                    }
+                    (Some(lv), Some(snap)) => Ok((lv, snap.size_bytes)),
+                    _ => Err(Error::NotFound(format!("snapshot {id} does not exist"))),
+                }
+            }
+            ContentSource::Volume(id) => {
+                let lv = self.lookup(&id.key).await?;
+                match lv.filter(|l| self.to_volume(l).is_some()) {
+                    Some(lv) => {
+                        let size = lv.size;
+                        Ok((lv, size))
+                    }
+                    None => Err(Error::NotFound(format!(
+                        "source volume {id} does not exist"
+                    ))),
+                }
+            }
+        }
+    }
+
+    /// Runs, or joins, the copy into a restoring LV, and waits for it.
+    pub(super) async fn finish_copy(&self, from: String, to: String, bytes: u64) -> Result<()> {
+        let copy = {
+            let mut copies = self.copies.lock().expect("copies lock poisoned");
+            copies
+                .entry(to.clone())
+                .or_insert_with(|| {
+                    let (vg, all, key) = (self.vg.clone(), self.copies.clone(), to.clone());
+                    let task = tokio::spawn(async move {
+                        let res = copy_and_mark(vg, from, key.clone(), bytes)
+                            .await
+                            .map_err(|e| e.to_string());
+                        all.lock().expect("copies lock poisoned").remove(&key);
+                        res
+                    });
+                    async move { task.await.map_err(|e| format!("copy task failed: {e}"))? }
+                        .boxed()
+                        .shared()
+                })
+                .clone()
+        };
+        copy.await
+            .map_err(|e| Error::Internal(format!("copying into {}: {e}", self.lv_path(&to))))
+    }
+
+    /// Creates a volume from a snapshot or another volume. Thin pools: a thin
+    /// snapshot of the source (instant, shares blocks), tagged `creating`
+    /// until it is active and at its full size. Thick pools: a new LV and a
+    /// block copy of the source into it, tagged `restoring` until the copy is
+    /// complete. Either tag keeps the LV invisible (never listed, staged or
+    /// returned), so a create cut short by a crash is finished by the retried
+    /// create, or, when its source is gone by then, removed.
+    pub(super) async fn create_from(
+        &self,
+        req: &CreateRequest,
+        src: &ContentSource,
+    ) -> Result<Volume> {
+        let src_id = match src {
+            ContentSource::Snapshot(id) | ContentSource::Volume(id) => id.to_string(),
+        };
+        let mut lv = self.lookup(&req.id.key).await?;
+        if let Some(lv) = &lv {
+            self.check_restore_of(lv, req, &src_id)?;
+            if !is_unfinished(lv) {
+                // Complete: a retry answers without needing the source (it
+                // may have been deleted since).
+                return self.restored_volume(lv, req);
+            }
+        }
+        let (src_lv, src_size) = match self.source_lv(src).await {
+            Ok(found) => found,
+            Err(e @ (Error::NotFound(_) | Error::FailedPrecondition(_))) => {
+                if let Some(lv) = &lv {
+                    // Half made, and its source is gone or unreadable:
+                    // nothing can finish it, and nobody was ever given it.
+                    self.remove_unfinished(lv).await?;
+                }
+                return Err(e);
+            }
+            Err(e) => return Err(e),
+        };
+        if req.range.limit > 0 && req.range.limit < src_size {
+            return Err(Error::OutOfRange(format!(
+                "limit_bytes {} is smaller than the source ({src_size} bytes)",
+                req.range.limit
+            )));
+        }
+        if req.range.required > 0 && req.range.required < src_size {
+            return Err(Error::OutOfRange(format!(
+                "required_bytes {} is smaller than the source ({src_size} bytes)",
+                req.range.required
+            )));
+        }
+        let size = if req.range.required == 0 {
+            src_size
+        } else {
+            self.size_for(req.range).await?
+        };
+        let name = lv_name(&req.id.key);
+        if lv.is_none() {
+            let _alloc = self.alloc.lock().await;
+            let (ever, now) = self.limits().await?;
+            self.check_room(size, ever, now, &format!("volume {}", req.name.as_str()))?;
+            match lvm::change(self.create_from_args(req, &src_id, &src_lv, src_size, size)).await {
+                // AlreadyExists: an lvcreate of a create cut short got there
+                // first (it may still be running): finished below.
+                Ok(()) | Err(LvmError::AlreadyExists(_)) => {}
+                Err(e) => return Err(e.into()),
+            }
+            let made = self.lookup(&req.id.key).await?.ok_or_else(|| {
+                Error::Internal(format!("LV {} missing after lvcreate", self.lv_path(&name)))
+            })?;
+            self.check_restore_of(&made, req, &src_id)?;
+            lv = Some(made);
+        }
+        let mut lv = lv.expect("looked up or created above");
+        if !is_unfinished(&lv) {
+            return self.restored_volume(&lv, req);
+        }
+        if !lv.is_active() {
+            self.activate_lv(&lv.name).await?;
+        }
+        if lv.has_tag(TAG_RESTORING) {
+            let ours = self
+                .copies
+                .lock()
+                .expect("copies lock poisoned")
+                .contains_key(&name);
+            let target = format!("of=/dev/{}", self.lv_path(&name));
+            let running = !ours && {
+                let t = target.clone();
+                crate::error::blocking(move || Ok(copy_running(Path::new("/proc"), &t))).await?
+            };
+            if !ours && (lv.open || running) {
+                // A hidden LV is opened by nothing but a copy, and not by
+                // one of this process: a copy a killed driver left running
+                // (`running` also sees one that has not opened it yet).
+                // A second writer could end after this one and overwrite
+                // what the volume's user wrote meanwhile: wait for it.
+                return Err(Error::Aborted(format!(
+                    "LV {} is still open by a copy from before a restart; retry when it has ended",
+                    self.lv_path(&name)
+                )));
+            }
+            if !src_lv.is_active() {
+                self.activate_lv(&src_lv.name).await?;
+            }
+            // Copy the whole source, so a larger target keeps the source's
+            // filesystem intact (it is grown at stage). The copy clears the
+            // `restoring` tag when it is complete.
+            self.finish_copy(src_lv.name.clone(), name.clone(), src_size)
+                .await?;
+        }
+        if lv.has_tag(TAG_CREATING) {
+            if lv.size < size {
+                // Thin: the snapshot has its source's size.
+                self.grow_lv(&lv, size, &format!("volume {}", req.name.as_str()))
+                    .await?;
+            }
+            lvm::delete_tag(&self.lv_path(&name), TAG_CREATING).await?;
+        }
+        lv = self
+            .lookup(&req.id.key)
+            .await?
+            .ok_or_else(|| Error::Internal(format!("LV {} vanished", self.lv_path(&name))))?;
+        if is_unfinished(&lv) {
+            return Err(Error::Internal(format!(
+                "LV {} is still marked unfinished after its create completed",
+                self.lv_path(&name)
+            )));
+        }
+        self.restored_volume(&lv, req)
+    }
+}

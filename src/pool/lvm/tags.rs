@@ -1,0 +1,180 @@
+//! The tag schema: what the tags on an LV say it is. `lvs` is the ground
+//! truth, so these functions are the driver's whole record format: which LVs
+//! are this pool's volumes or snapshots, which are unfinished, and which a
+//! retried create may take as its own.
+
+use super::LvmPool;
+use crate::error::{Error, Result};
+use crate::ids::{VolumeId, VolumeKey};
+use crate::lvm::{self, LvInfo};
+use crate::pool::{AccessType, CreateRequest, Snapshot, Volume};
+
+pub(super) const TAG_OWNER: &str = "localvol";
+
+pub(super) const TAG_POOL: &str = "localvol.pool";
+
+pub(super) const TAG_NAME: &str = "localvol.name";
+
+pub(super) const TAG_ACCESS: &str = "localvol.access";
+
+/// `volume` or `snapshot` (LVs without it are volumes).
+pub(super) const TAG_KIND: &str = "localvol.kind";
+
+/// Snapshots: id of the volume they copy. Volumes: the snapshot or volume they
+/// were created from.
+pub(super) const TAG_SOURCE: &str = "localvol.source";
+
+/// Snapshots: size of the source volume when taken.
+pub(super) const TAG_SIZE: &str = "localvol.size";
+
+/// A thick volume whose copy from its source has not finished: it stays
+/// invisible until a (retried) create completes the copy.
+pub(super) const TAG_RESTORING: &str = "localvol.restoring";
+
+/// The volume's filesystem is smaller than the LV (restored into a larger one).
+pub(super) const TAG_GROW: &str = "localvol.grow";
+
+/// A volume whose `lvcreate` has not been seen to finish: it stays invisible
+/// until a (retried) create completes it (see [`LvmPool::finish_create`]).
+pub(super) const TAG_CREATING: &str = "localvol.creating";
+
+pub(super) fn lv_name(key: &VolumeKey) -> String {
+    format!("lv-{key}")
+}
+
+pub(super) fn snap_lv_name(key: &VolumeKey) -> String {
+    format!("sn-{key}")
+}
+
+pub(super) fn volume_key(vol: &Volume) -> Result<VolumeKey> {
+    vol.id
+        .rsplit_once('.')
+        .and_then(|(_, k)| VolumeKey::parse(k))
+        .ok_or_else(|| Error::Internal(format!("malformed volume id {:?}", vol.id)))
+}
+
+/// A volume whose create has not completed (see [`TAG_CREATING`],
+/// [`TAG_RESTORING`]).
+pub(super) fn is_unfinished(lv: &LvInfo) -> bool {
+    lv.has_tag(TAG_CREATING) || lv.has_tag(TAG_RESTORING)
+}
+
+/// A COW snapshot whose area overflowed: dm-snapshot dropped it, and its
+/// reads fail (`I` in the state column of lv_attr).
+pub(super) fn is_invalid_cow(lv: &LvInfo) -> bool {
+    lv.is_cow_snapshot() && lv.attr.chars().nth(4) == Some('I')
+}
+
+impl LvmPool {
+    /// ALREADY_EXISTS: the name an LV of this volume would have is taken by
+    /// an LV that is not this pool's (another pool's, another tool's, or a
+    /// snapshot's).
+    pub(super) fn not_ours(&self, lv: &str) -> Error {
+        Error::AlreadyExists(format!(
+            "LV {} exists and is not this driver's",
+            self.lv_path(lv)
+        ))
+    }
+
+    pub(super) fn is_ours(&self, lv: &LvInfo) -> bool {
+        lv.has_tag(TAG_OWNER) && lv.tag_value(TAG_POOL) == Some(self.name.as_str())
+    }
+
+    /// The volume an LV of this pool represents (None for other LVs).
+    pub(super) fn to_volume(&self, lv: &LvInfo) -> Option<Volume> {
+        if !self.is_ours(lv) || lv.has_tag(TAG_RESTORING) || lv.has_tag(TAG_CREATING) {
+            return None;
+        }
+        let key = VolumeKey::parse(lv.name.strip_prefix("lv-")?)?;
+        let name = lvm::decode_tag_value(lv.tag_value(TAG_NAME)?)?;
+        let access_type = match lv.tag_value(TAG_ACCESS)? {
+            "block" => AccessType::Block,
+            _ => AccessType::Mount,
+        };
+        Some(Volume {
+            version: 1,
+            id: VolumeId {
+                pool: self.name.clone(),
+                key,
+            }
+            .to_string(),
+            name,
+            pool: self.name.to_string(),
+            size_bytes: lv.size,
+            access_type,
+            created_unix: 0,
+            parameters: Default::default(),
+            project_id: None,
+            inode_limit: None,
+            grow_filesystem: lv.has_tag(TAG_GROW),
+            inactive: !lv.is_active(),
+        })
+    }
+
+    /// The snapshot an LV of this pool represents (None for other LVs).
+    pub(super) fn to_snapshot(&self, lv: &LvInfo) -> Option<Snapshot> {
+        if !self.is_ours(lv) || lv.tag_value(TAG_KIND) != Some("snapshot") {
+            return None;
+        }
+        let key = VolumeKey::parse(lv.name.strip_prefix("sn-")?)?;
+        Some(Snapshot {
+            id: VolumeId {
+                pool: self.name.clone(),
+                key,
+            }
+            .to_string(),
+            name: lvm::decode_tag_value(lv.tag_value(TAG_NAME)?)?,
+            source_volume_id: lv.tag_value(TAG_SOURCE)?.to_owned(),
+            size_bytes: lv.tag_value(TAG_SIZE)?.parse().ok()?,
+            created_unix: lv.created_unix,
+            ready: !is_invalid_cow(lv),
+        })
+    }
+
+    pub(super) fn tags(&self, kind: &str, name: &str, access: AccessType) -> Vec<String> {
+        let access = match access {
+            AccessType::Block => "block",
+            AccessType::Mount => "mount",
+        };
+        vec![
+            TAG_OWNER.to_owned(),
+            format!("{TAG_POOL}={}", self.name),
+            format!("{TAG_KIND}={kind}"),
+            format!("{TAG_NAME}={}", lvm::encode_tag_value(name)),
+            format!("{TAG_ACCESS}={access}"),
+        ]
+    }
+
+    /// Whether an existing LV is (or is becoming) the volume this create
+    /// asks for: this pool's, for this name, from this source.
+    pub(super) fn check_restore_of(
+        &self,
+        lv: &LvInfo,
+        req: &CreateRequest,
+        src_id: &str,
+    ) -> Result<()> {
+        if !self.is_ours(lv) || lv.tag_value(TAG_KIND) == Some("snapshot") {
+            return Err(self.not_ours(&lv.name));
+        }
+        let name = lv.tag_value(TAG_NAME).and_then(lvm::decode_tag_value);
+        if name.as_deref() != Some(req.name.as_str()) {
+            return Err(Error::AlreadyExists(format!(
+                "LV {} belongs to another name that hashes to the same id",
+                self.lv_path(&lv.name)
+            )));
+        }
+        if lv.tag_value(TAG_SOURCE) != Some(src_id) {
+            return Err(Error::AlreadyExists(format!(
+                "volume {:?} already exists with other content",
+                req.name.as_str()
+            )));
+        }
+        Ok(())
+    }
+
+    /// The volume a complete restore or clone is, if it answers `req`.
+    pub(super) fn restored_volume(&self, lv: &LvInfo, req: &CreateRequest) -> Result<Volume> {
+        let vol = self.to_volume(lv).ok_or_else(|| self.not_ours(&lv.name))?;
+        crate::pool::matches_request(vol, req, false)
+    }
+}

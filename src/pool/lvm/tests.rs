@@ -1,0 +1,336 @@
+//! Unit tests of the LVM pool that need neither root nor the VM: the tag
+//! schema and lvcreate arguments on recorded `lvs` JSON, sizing, and finding
+//! a dead driver's copy.
+
+use super::*;
+use crate::ids::VolumeName;
+
+const MI: u64 = 1 << 20;
+/// Recorded in the VM: a thin pool, a thin LV and a thin snapshot of it.
+const LVS_THIN: &str = include_str!("../../../tests/fixtures/lvm/lvs-thin.json");
+const KEY: &str = "0123456789abcdef0123456789abcdef";
+
+/// A pool over the fixture's VG, opened without running lvm.
+fn pool(name: &str, thin: Option<&str>) -> LvmPool {
+    LvmPool {
+        name: PoolName::parse(name).unwrap(),
+        vg: "fxvg".into(),
+        thin: thin.map(str::to_owned),
+        ratio: 1.0,
+        reserve: 0,
+        options: vec!["--type".into(), "raid1".into()],
+        overhead: 1.0,
+        default_fs: FsType::Ext4,
+        default_size: 64 * MI,
+        copies: Arc::default(),
+        alloc: tokio::sync::Mutex::new(()),
+    }
+}
+
+/// The fixture's LV `name`, with `tags` instead of its own.
+fn lv(name: &str, tags: &[&str]) -> LvInfo {
+    let mut lv = lvm::parse_lvs(LVS_THIN)
+        .unwrap()
+        .into_iter()
+        .find(|l| l.name == name)
+        .unwrap();
+    lv.tags = tags.iter().map(|t| t.to_string()).collect();
+    lv
+}
+
+fn request(name: &str, access: AccessType) -> CreateRequest {
+    let name = VolumeName::parse(name).unwrap();
+    CreateRequest {
+        id: VolumeId::new(PoolName::parse("thin").unwrap(), &name),
+        name,
+        range: CapacityRange::default(),
+        access_type: access,
+        inode_limit: None,
+        parameters: Default::default(),
+        source: None,
+    }
+}
+
+#[test]
+fn an_lv_is_a_volume_only_when_its_tags_say_so() {
+    let p = pool("thin", Some("tp"));
+    let lv_name = format!("lv-{KEY}");
+    let mine = [
+        "localvol",
+        "localvol.pool=thin",
+        "localvol.name=pvc-1",
+        "localvol.access=mount",
+    ];
+    let v = p.to_volume(&lv(&lv_name, &mine)).expect("our volume");
+    assert_eq!(v.id, format!("thin.{KEY}"));
+    assert_eq!((v.name.as_str(), v.pool.as_str()), ("pvc-1", "thin"));
+    assert_eq!((v.size_bytes, v.access_type), (64 * MI, AccessType::Mount));
+    assert!(!v.inactive && !v.grow_filesystem);
+
+    let block = [
+        "localvol",
+        "localvol.pool=thin",
+        "localvol.name=b",
+        "localvol.access=block",
+        "localvol.grow",
+    ];
+    let v = p.to_volume(&lv(&lv_name, &block)).unwrap();
+    assert_eq!(v.access_type, AccessType::Block);
+    assert!(v.grow_filesystem);
+
+    // The recorded snapshot is inactive: a volume tagged like it says so.
+    let v = p.to_volume(&lv(&format!("sn-{KEY}"), &mine));
+    assert!(v.is_none(), "sn- names are snapshots, never volumes");
+
+    for (why, tags) in [
+        (
+            "another pool's",
+            &[
+                "localvol",
+                "localvol.pool=other",
+                "localvol.name=x",
+                "localvol.access=mount",
+            ][..],
+        ),
+        (
+            "not localvol's",
+            &[
+                "localvol.pool=thin",
+                "localvol.name=x",
+                "localvol.access=mount",
+            ],
+        ),
+        (
+            "being restored",
+            &[
+                "localvol",
+                "localvol.pool=thin",
+                "localvol.name=x",
+                "localvol.access=mount",
+                "localvol.restoring",
+            ],
+        ),
+        (
+            "being created",
+            &[
+                "localvol",
+                "localvol.pool=thin",
+                "localvol.name=x",
+                "localvol.access=mount",
+                "localvol.creating",
+            ],
+        ),
+        (
+            "without a name",
+            &["localvol", "localvol.pool=thin", "localvol.access=mount"],
+        ),
+        (
+            "without an access type",
+            &["localvol", "localvol.pool=thin", "localvol.name=x"],
+        ),
+    ] {
+        assert!(p.to_volume(&lv(&lv_name, tags)).is_none(), "{why}");
+    }
+}
+
+#[test]
+fn an_lv_is_a_snapshot_only_when_its_tags_say_so() {
+    let p = pool("thin", Some("tp"));
+    let name = format!("sn-{KEY}");
+    let source = format!("thin.{}", "f".repeat(32));
+    let size = format!("localvol.size={}", 64 * MI);
+    let src_tag = format!("localvol.source={source}");
+    let tags = [
+        "localvol",
+        "localvol.pool=thin",
+        "localvol.kind=snapshot",
+        "localvol.name=snap-1",
+        src_tag.as_str(),
+        size.as_str(),
+    ];
+    let s = p.to_snapshot(&lv(&name, &tags)).expect("our snapshot");
+    assert_eq!(s.id, format!("thin.{KEY}"));
+    assert_eq!(
+        (s.name.as_str(), s.source_volume_id.as_str()),
+        ("snap-1", source.as_str())
+    );
+    assert_eq!(s.size_bytes, 64 * MI);
+    assert!(s.ready, "a thin snapshot is never an invalid COW");
+    assert!(s.created_unix > 0);
+    // Missing what a snapshot must record, or not a snapshot at all.
+    for drop in [
+        "localvol.kind=snapshot",
+        src_tag.as_str(),
+        size.as_str(),
+        "localvol.name=snap-1",
+        "localvol.pool=thin",
+    ] {
+        let fewer: Vec<&str> = tags.iter().copied().filter(|t| *t != drop).collect();
+        assert!(
+            p.to_snapshot(&lv(&name, &fewer)).is_none(),
+            "without {drop}"
+        );
+    }
+    assert!(
+        p.to_snapshot(&lv(&format!("lv-{KEY}"), &tags)).is_none(),
+        "lv- name"
+    );
+}
+
+#[test]
+fn a_restore_retry_finds_only_its_own_lv() {
+    let p = pool("thin", Some("tp"));
+    let req = request("pvc-1", AccessType::Mount);
+    let src = format!("thin.{}", "f".repeat(32));
+    let src_tag = format!("localvol.source={src}");
+    let name = format!("lv-{KEY}");
+    let ours = [
+        "localvol",
+        "localvol.pool=thin",
+        "localvol.kind=volume",
+        "localvol.name=pvc-1",
+        "localvol.access=mount",
+        src_tag.as_str(),
+    ];
+    p.check_restore_of(&lv(&name, &ours), &req, &src).unwrap();
+    let other_src = format!("localvol.source=thin.{}", "e".repeat(32));
+    for (why, tags) in [
+        (
+            "another pool's",
+            vec![
+                "localvol",
+                "localvol.pool=other",
+                "localvol.name=pvc-1",
+                src_tag.as_str(),
+            ],
+        ),
+        (
+            "a snapshot",
+            vec![
+                "localvol",
+                "localvol.pool=thin",
+                "localvol.kind=snapshot",
+                "localvol.name=pvc-1",
+                src_tag.as_str(),
+            ],
+        ),
+        (
+            "another name's",
+            vec![
+                "localvol",
+                "localvol.pool=thin",
+                "localvol.name=pvc-2",
+                src_tag.as_str(),
+            ],
+        ),
+        (
+            "from another source",
+            vec![
+                "localvol",
+                "localvol.pool=thin",
+                "localvol.name=pvc-1",
+                other_src.as_str(),
+            ],
+        ),
+        (
+            "a plain volume",
+            vec!["localvol", "localvol.pool=thin", "localvol.name=pvc-1"],
+        ),
+    ] {
+        let e = p
+            .check_restore_of(&lv(&name, &tags), &req, &src)
+            .unwrap_err();
+        assert!(matches!(e, Error::AlreadyExists(_)), "{why}: {e:?}");
+    }
+}
+
+#[test]
+fn create_args_carry_every_tag_and_the_pool_kind() {
+    let req = request("pvc-1", AccessType::Block);
+    let tags_of = |a: &[String]| -> Vec<String> {
+        a.windows(2)
+            .filter(|w| w[0] == "--addtag")
+            .map(|w| w[1].clone())
+            .collect()
+    };
+    let want = [
+        "localvol",
+        "localvol.pool=thin",
+        "localvol.kind=volume",
+        "localvol.name=pvc-1",
+        "localvol.access=block",
+        "localvol.creating",
+    ];
+    let thin = pool("thin", Some("tp")).create_args(&req, 64 * MI);
+    assert_eq!(tags_of(&thin), want);
+    assert_eq!(&thin[..4], ["lvcreate", "--yes", "--activate", "y"]);
+    let at = thin.iter().position(|a| a == "--virtualsize").unwrap();
+    assert_eq!(
+        thin[at + 1..at + 4],
+        [format!("{}b", 64 * MI), "--thin".into(), "fxvg/tp".into()]
+    );
+    assert!(
+        !thin.contains(&"--wipesignatures".to_owned()),
+        "thin LVs are zeroed by the pool"
+    );
+
+    let thick = pool("thin", None).create_args(&req, 64 * MI);
+    assert_eq!(tags_of(&thick), want);
+    let at = thick.iter().position(|a| a == "--size").unwrap();
+    assert_eq!(thick[at + 1], format!("{}b", 64 * MI));
+    assert!(thick.windows(2).any(|w| w == ["--wipesignatures", "y"]));
+    assert!(
+        thick.windows(2).any(|w| w == ["--type", "raid1"]),
+        "the pool's lvcreateOptions"
+    );
+    assert_eq!(thick.last().unwrap(), "fxvg");
+}
+
+fn sized(required: u64, limit: u64) -> Result<u64> {
+    size_in_extents(CapacityRange { required, limit }, 1024 * MI, 4 * MI)
+}
+
+#[test]
+fn a_leftover_copy_is_found_by_its_target() {
+    let proc = tempfile::tempdir().unwrap();
+    let pid = |n: &str, cmdline: &[u8]| {
+        std::fs::create_dir(proc.path().join(n)).unwrap();
+        std::fs::write(proc.path().join(n).join("cmdline"), cmdline).unwrap();
+    };
+    pid("self", b"dd\0of=/dev/vg/lv-a\0");
+    pid(
+        "12",
+        b"/usr/bin/dd\0if=/dev/vg/sn-b\0of=/dev/vg/lv-b\0bs=4M\0",
+    );
+    pid("13", b"cat\0of=/dev/vg/lv-c\0");
+    pid("14", b"");
+    let t = proc.path();
+    assert!(copy_running(t, "of=/dev/vg/lv-b"));
+    assert!(!copy_running(t, "of=/dev/vg/lv-a"), "not a pid dir");
+    assert!(!copy_running(t, "of=/dev/vg/lv-c"), "not dd");
+    assert!(!copy_running(t, "of=/dev/vg/lv-bb"));
+    assert!(!copy_running(&t.join("missing"), "of=/dev/vg/lv-b"));
+}
+
+#[test]
+fn sizes_are_whole_extents_within_the_range() {
+    assert_eq!(sized(0, 0).unwrap(), 1024 * MI, "default");
+    assert_eq!(sized(1, 0).unwrap(), 4 * MI, "rounded up");
+    assert_eq!(sized(10 * MI, 0).unwrap(), 12 * MI);
+    assert_eq!(sized(10 * MI, 12 * MI).unwrap(), 12 * MI);
+    // Only a limit, below the default and not a whole extent: the most
+    // whole extents under it, not a refusal.
+    assert_eq!(sized(0, 10 * MI + 1).unwrap(), 8 * MI);
+    assert_eq!(
+        sized(0, 2048 * MI).unwrap(),
+        1024 * MI,
+        "default under the limit"
+    );
+    for (required, limit) in [(10 * MI, 11 * MI), (0, 3 * MI), (1, 1)] {
+        let e = sized(required, limit).unwrap_err();
+        assert!(
+            matches!(e, Error::OutOfRange(_)),
+            "({required}, {limit}): {e:?}"
+        );
+    }
+}
