@@ -80,8 +80,11 @@ pub struct CreateRequest {
     pub parameters: BTreeMap<String, String>,
 }
 
-/// A volume as its backend records it. For dir pools this is exactly the JSON
-/// record on disk.
+/// A volume as the services see it, whatever its pool. Dir pools store it
+/// as their JSON record on disk (serde); LVM pools build it from the LV's
+/// size, attributes and tags (fields they do not record, such as
+/// `created_unix` and `parameters`, stay at their defaults); static volumes
+/// build it from the discovered entry. `inactive` is never stored.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct Volume {
@@ -245,28 +248,24 @@ pub trait Pool: Send + Sync {
     async fn filesystem_grown(&self, _vol: &Volume) -> Result<()> {
         Ok(())
     }
-    /// Whether the pool takes snapshots and creates volumes from content.
-    fn supports_snapshots(&self) -> bool {
-        false
+    /// Snapshots, restores and clones, for a pool that takes them (None:
+    /// the pool offers none; callers answer for that themselves).
+    fn snapshots(&self) -> Option<&dyn Snapshots> {
+        None
     }
+}
+
+/// What a pool that takes snapshots offers (and creates volumes from
+/// snapshots or other volumes through [`Pool::create`]). No defaults: a pool
+/// either implements all of it or returns None from [`Pool::snapshots`].
+#[async_trait]
+pub trait Snapshots: Send + Sync {
     /// Takes a snapshot, or returns it when an identical request already did.
-    async fn create_snapshot(&self, _req: &SnapshotRequest) -> Result<Snapshot> {
-        Err(Error::InvalidArgument(format!(
-            "pool {} ({}) does not support snapshots",
-            self.name(),
-            self.backend()
-        )))
-    }
+    async fn create_snapshot(&self, req: &SnapshotRequest) -> Result<Snapshot>;
     /// Deletes a snapshot; one that does not exist is not an error.
-    async fn delete_snapshot(&self, _id: &VolumeId) -> Result<()> {
-        Ok(())
-    }
-    async fn get_snapshot(&self, _id: &VolumeId) -> Result<Option<Snapshot>> {
-        Ok(None)
-    }
-    async fn list_snapshots(&self) -> Result<Vec<Snapshot>> {
-        Ok(Vec::new())
-    }
+    async fn delete_snapshot(&self, id: &VolumeId) -> Result<()>;
+    async fn get_snapshot(&self, id: &VolumeId) -> Result<Option<Snapshot>>;
+    async fn list_snapshots(&self) -> Result<Vec<Snapshot>>;
 }
 
 /// The pools of this node, by name.
@@ -318,7 +317,7 @@ impl Pools {
 
     /// Whether any pool takes snapshots (the driver advertises them then).
     pub fn any_snapshots(&self) -> bool {
-        self.iter().any(|p| p.supports_snapshots())
+        self.iter().any(|p| p.snapshots().is_some())
     }
 
     /// Pools in config order.

@@ -244,7 +244,7 @@ impl csi::controller_server::Controller for ControllerService {
             self.check_topology(req.accessibility_requirements.as_ref())?;
             let source = match content {
                 None => None,
-                Some(_) if !pool.supports_snapshots() => {
+                Some(_) if pool.snapshots().is_none() => {
                     return Err(Error::InvalidArgument(format!(
                         "pool {} ({}) cannot create volumes from snapshots or other volumes",
                         pool.name(),
@@ -511,13 +511,13 @@ impl csi::controller_server::Controller for ControllerService {
                 .get(&source.pool)
                 .ok_or_else(|| Error::NotFound(format!("source volume {source} does not exist")))?
                 .clone();
-            if !pool.supports_snapshots() {
+            let Some(snapshots) = pool.snapshots() else {
                 return Err(Error::InvalidArgument(format!(
                     "pool {} ({}) does not support snapshots",
                     pool.name(),
                     pool.backend()
                 )));
-            }
+            };
             let id = VolumeId {
                 pool: source.pool.clone(),
                 key: name.snapshot_key(),
@@ -533,7 +533,10 @@ impl csi::controller_server::Controller for ControllerService {
                     pool: other.name().clone(),
                     key: id.key.clone(),
                 };
-                if other.get_snapshot(&other_id).await?.is_some() {
+                let Some(theirs) = other.snapshots() else {
+                    continue;
+                };
+                if theirs.get_snapshot(&other_id).await?.is_some() {
                     return Err(Error::AlreadyExists(format!(
                         "snapshot {:?} already exists in pool {}",
                         name.as_str(),
@@ -541,7 +544,7 @@ impl csi::controller_server::Controller for ControllerService {
                     )));
                 }
             }
-            let snap = pool
+            let snap = snapshots
                 .create_snapshot(&SnapshotRequest {
                     id,
                     name,
@@ -566,11 +569,14 @@ impl csi::controller_server::Controller for ControllerService {
             let ParsedId::Volume(id) = VolumeId::parse("snapshot_id", &req.snapshot_id)? else {
                 return Ok(csi::DeleteSnapshotResponse {});
             };
-            let Some(pool) = self.driver.pools.get(&id.pool) else {
+            // A pool this node lacks, or one without snapshots, holds no
+            // such snapshot: deleting it is done.
+            let pool = self.driver.pools.get(&id.pool);
+            let Some(snapshots) = pool.and_then(|p| p.snapshots()) else {
                 return Ok(csi::DeleteSnapshotResponse {});
             };
             let _guard = self.driver.lock_snapshot(&id)?;
-            pool.delete_snapshot(&id).await?;
+            snapshots.delete_snapshot(&id).await?;
             Ok(csi::DeleteSnapshotResponse {})
         })
         .await
@@ -588,13 +594,14 @@ impl csi::controller_server::Controller for ControllerService {
             if !req.snapshot_id.is_empty() {
                 // One snapshot by id; an id that cannot exist lists nothing.
                 if let ParsedId::Volume(id) = VolumeId::parse("snapshot_id", &req.snapshot_id)? {
-                    if let Some(pool) = self.driver.pools.get(&id.pool) {
-                        all.extend(pool.get_snapshot(&id).await?);
+                    let pool = self.driver.pools.get(&id.pool);
+                    if let Some(snapshots) = pool.and_then(|p| p.snapshots()) {
+                        all.extend(snapshots.get_snapshot(&id).await?);
                     }
                 }
             } else {
-                for pool in self.driver.pools.iter() {
-                    all.extend(pool.list_snapshots().await?);
+                for snapshots in self.driver.pools.iter().filter_map(|p| p.snapshots()) {
+                    all.extend(snapshots.list_snapshots().await?);
                 }
             }
             if !req.source_volume_id.is_empty() {

@@ -25,7 +25,7 @@ use async_trait::async_trait;
 
 use super::{
     AccessType, Capacity, CapacityRange, CreateRequest, Expanded, Pool, Snapshot, SnapshotRequest,
-    Source, Usage, Volume,
+    Snapshots, Source, Usage, Volume,
 };
 use crate::blockdev::FsType;
 use crate::config::{LvmPoolConfig, DEFAULT_VOLUME_SIZE};
@@ -404,8 +404,8 @@ impl Pool for LvmPool {
         }))
     }
 
-    fn supports_snapshots(&self) -> bool {
-        true
+    fn snapshots(&self) -> Option<&dyn Snapshots> {
+        Some(self)
     }
 
     fn device_of(&self, id: &VolumeId) -> Option<PathBuf> {
@@ -428,6 +428,39 @@ impl Pool for LvmPool {
         Ok(())
     }
 
+    async fn condition(&self, vol: &Volume) -> Result<Option<String>> {
+        let Some((_, key)) = vol.id.rsplit_once('.') else {
+            return Ok(None);
+        };
+        let Some(key) = VolumeKey::parse(key) else {
+            return Ok(None);
+        };
+        let Some(lv) = self.lookup(&key).await? else {
+            return Ok(Some(format!("LV {}/{} is missing", self.vg, lv_name(&key))));
+        };
+        if !lv.is_active() {
+            return Ok(Some(format!("LV {}/{} is not active", self.vg, lv.name)));
+        }
+        if let Some(thin) = &self.thin {
+            if let Some(pool) = lvm::lv(&self.vg, thin).await? {
+                if pool.data_percent.unwrap_or(0.0) >= THIN_FULL_PERCENT
+                    || pool.metadata_percent.unwrap_or(0.0) >= THIN_FULL_PERCENT
+                {
+                    return Ok(Some(format!(
+                        "thin pool {}/{thin} is nearly full (data {:.1}%, metadata {:.1}%)",
+                        self.vg,
+                        pool.data_percent.unwrap_or(0.0),
+                        pool.metadata_percent.unwrap_or(0.0)
+                    )));
+                }
+            }
+        }
+        Ok(None)
+    }
+}
+
+#[async_trait]
+impl Snapshots for LvmPool {
     async fn create_snapshot(&self, req: &SnapshotRequest) -> Result<Snapshot> {
         let name = snap_lv_name(&req.id.key);
         if let Some(lv) = lvm::lv(&self.vg, &name).await? {
@@ -512,36 +545,6 @@ impl Pool for LvmPool {
             .iter()
             .filter_map(|lv| self.to_snapshot(lv))
             .collect())
-    }
-
-    async fn condition(&self, vol: &Volume) -> Result<Option<String>> {
-        let Some((_, key)) = vol.id.rsplit_once('.') else {
-            return Ok(None);
-        };
-        let Some(key) = VolumeKey::parse(key) else {
-            return Ok(None);
-        };
-        let Some(lv) = self.lookup(&key).await? else {
-            return Ok(Some(format!("LV {}/{} is missing", self.vg, lv_name(&key))));
-        };
-        if !lv.is_active() {
-            return Ok(Some(format!("LV {}/{} is not active", self.vg, lv.name)));
-        }
-        if let Some(thin) = &self.thin {
-            if let Some(pool) = lvm::lv(&self.vg, thin).await? {
-                if pool.data_percent.unwrap_or(0.0) >= THIN_FULL_PERCENT
-                    || pool.metadata_percent.unwrap_or(0.0) >= THIN_FULL_PERCENT
-                {
-                    return Ok(Some(format!(
-                        "thin pool {}/{thin} is nearly full (data {:.1}%, metadata {:.1}%)",
-                        self.vg,
-                        pool.data_percent.unwrap_or(0.0),
-                        pool.metadata_percent.unwrap_or(0.0)
-                    )));
-                }
-            }
-        }
-        Ok(None)
     }
 }
 
