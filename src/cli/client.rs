@@ -836,8 +836,31 @@ async fn cmd_stats(
     Ok(stats_output(volume_id, volume_path, &r))
 }
 
+/// What `info` learns from the driver's identity, node and controller services.
+struct DriverInfo {
+    plugin: csi::GetPluginInfoResponse,
+    plugin_caps: Vec<String>,
+    /// `None`: the driver does not serve NodeGetInfo.
+    node_info: Option<csi::NodeGetInfoResponse>,
+    /// `None`: no controller service, or ControllerGetCapabilities unimplemented.
+    controller_caps: Option<Vec<String>>,
+    /// `None`: the driver does not serve NodeGetCapabilities.
+    node_caps: Option<Vec<String>>,
+}
+
+/// `info`: asks every service what it is and can do, then prints it.
 async fn info(c: &Clients) -> Result<Output, ClientError> {
-    use csi::plugin_capability::{service, volume_expansion, Type as PType};
+    let info = fetch_info(c).await?;
+    Ok(Output {
+        json: info_json(&info),
+        human: rows(&info_rows(&info)),
+    })
+}
+
+/// The RPCs behind `info`, in this order: GetPluginInfo,
+/// GetPluginCapabilities, NodeGetInfo, NodeGetCapabilities, and
+/// ControllerGetCapabilities only when the plugin has a controller service.
+async fn fetch_info(c: &Clients) -> Result<DriverInfo, ClientError> {
     let t = c.timeout;
     let mut id = c.identity.clone();
     let plugin = call(t, csi::GetPluginInfoRequest {}, |r| id.get_plugin_info(r))
@@ -848,29 +871,7 @@ async fn info(c: &Clients) -> Result<Output, ClientError> {
     })
     .await
     .map_err(ClientError::Rpc)?;
-    let mut has_controller = false;
-    let plugin_caps: Vec<String> = pcaps
-        .capabilities
-        .iter()
-        .map(|cap| match &cap.r#type {
-            Some(PType::Service(s)) => {
-                let name = enum_name(s.r#type, |v| {
-                    service::Type::try_from(v).ok().map(|t| t.as_str_name())
-                });
-                has_controller |= name == "CONTROLLER_SERVICE";
-                name
-            }
-            Some(PType::VolumeExpansion(e)) => format!(
-                "VOLUME_EXPANSION_{}",
-                enum_name(e.r#type, |v| {
-                    volume_expansion::Type::try_from(v)
-                        .ok()
-                        .map(|t| t.as_str_name())
-                })
-            ),
-            None => "UNKNOWN".to_owned(),
-        })
-        .collect();
+    let (plugin_caps, has_controller) = plugin_cap_names(&pcaps);
 
     let mut node = c.node.clone();
     let node_info = optional(call(t, csi::NodeGetInfoRequest {}, |r| node.node_get_info(r)).await)?;
@@ -893,7 +894,48 @@ async fn info(c: &Clients) -> Result<Output, ClientError> {
     } else {
         None
     };
+    Ok(DriverInfo {
+        plugin,
+        plugin_caps,
+        node_info,
+        controller_caps,
+        node_caps,
+    })
+}
 
+/// The capability names a driver's GetPluginCapabilities lists, and whether
+/// one of them is CONTROLLER_SERVICE.
+fn plugin_cap_names(r: &csi::GetPluginCapabilitiesResponse) -> (Vec<String>, bool) {
+    use csi::plugin_capability::{service, volume_expansion, Type as PType};
+    let mut has_controller = false;
+    let names = r
+        .capabilities
+        .iter()
+        .map(|cap| match &cap.r#type {
+            Some(PType::Service(s)) => {
+                let name = enum_name(s.r#type, |v| {
+                    service::Type::try_from(v).ok().map(|t| t.as_str_name())
+                });
+                has_controller |= name == "CONTROLLER_SERVICE";
+                name
+            }
+            Some(PType::VolumeExpansion(e)) => format!(
+                "VOLUME_EXPANSION_{}",
+                enum_name(e.r#type, |v| {
+                    volume_expansion::Type::try_from(v)
+                        .ok()
+                        .map(|t| t.as_str_name())
+                })
+            ),
+            None => "UNKNOWN".to_owned(),
+        })
+        .collect();
+    (names, has_controller)
+}
+
+/// `info`'s text form, one labelled row per fact.
+fn info_rows(info: &DriverInfo) -> Vec<(&'static str, String)> {
+    let plugin = &info.plugin;
     let mut lines = vec![
         ("driver", plugin.name.clone()),
         ("version", plugin.vendor_version.clone()),
@@ -901,8 +943,8 @@ async fn info(c: &Clients) -> Result<Output, ClientError> {
     if !plugin.manifest.is_empty() {
         lines.push(("manifest", segments_h(&plugin.manifest)));
     }
-    lines.push(("plugin capabilities", list_h(&plugin_caps)));
-    match &node_info {
+    lines.push(("plugin capabilities", list_h(&info.plugin_caps)));
+    match &info.node_info {
         Some(n) => {
             lines.push(("node id", n.node_id.clone()));
             lines.push((
@@ -921,34 +963,36 @@ async fn info(c: &Clients) -> Result<Output, ClientError> {
     }
     lines.push((
         "controller capabilities",
-        controller_caps
+        info.controller_caps
             .as_deref()
             .map_or_else(|| "no controller service".to_owned(), list_h),
     ));
     lines.push((
         "node capabilities",
-        node_caps
+        info.node_caps
             .as_deref()
             .map_or_else(|| "no node service".to_owned(), list_h),
     ));
-    let node_json = node_info.as_ref().map(|n| {
+    lines
+}
+
+/// `info`'s JSON form (fields as in the module docs).
+fn info_json(info: &DriverInfo) -> Value {
+    let node_json = info.node_info.as_ref().map(|n| {
         json!({
             "node_id": n.node_id,
             "max_volumes_per_node": n.max_volumes_per_node,
             "accessible_topology": n.accessible_topology.as_ref().map(|t| segments_json(&t.segments)),
         })
     });
-    Ok(Output {
-        json: json!({
-            "name": plugin.name,
-            "vendor_version": plugin.vendor_version,
-            "manifest": segments_json(&plugin.manifest),
-            "plugin_capabilities": plugin_caps,
-            "node": node_json,
-            "controller_capabilities": controller_caps,
-            "node_capabilities": node_caps,
-        }),
-        human: rows(&lines),
+    json!({
+        "name": info.plugin.name,
+        "vendor_version": info.plugin.vendor_version,
+        "manifest": segments_json(&info.plugin.manifest),
+        "plugin_capabilities": info.plugin_caps,
+        "node": node_json,
+        "controller_capabilities": info.controller_caps,
+        "node_capabilities": info.node_caps,
     })
 }
 
