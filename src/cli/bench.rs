@@ -620,6 +620,8 @@ fn rpc_error(step: usize, s: tonic::Status) -> String {
     )
 }
 
+/// CSI mode (and `--floor-rpc`): runs the lifecycles against the driver's
+/// socket on `--concurrency` workers and reports their latencies.
 async fn run_csi(
     args: &BenchArgs,
     dirs: &RunDir,
@@ -630,32 +632,8 @@ async fn run_csi(
         .await
         .map_err(|e| e.to_string())?;
     let clients = Clients::new(channel, Duration::from_secs(args.timeout.max(1)));
-    let server_pid = match args.server_pid {
-        None => None,
-        Some(ServerPid::Pid(p)) => Some(p),
-        Some(ServerPid::Auto) => Some(socket_peer_pid(&args.endpoint).await?),
-    };
-    if let Some(pid) = server_pid {
-        read_peak_rss(pid)?;
-        if args.reset_peak_rss {
-            reset_peak_rss(pid)?;
-        }
-    }
-    let mut node = clients.node.clone();
-    let caps = client::call(clients.timeout, csi::NodeGetCapabilitiesRequest {}, |r| {
-        node.node_get_capabilities(r)
-    })
-    .await
-    .map_err(|s| {
-        format!(
-            "NodeGetCapabilities: {}: {}",
-            code_name(s.code()),
-            s.message()
-        )
-    })?;
-    let stage_unstage = client::node_cap_names(&caps)
-        .iter()
-        .any(|c| c == "STAGE_UNSTAGE_VOLUME");
+    let server_pid = prepare_server_pid(args).await?;
+    let stage_unstage = has_stage_unstage(&clients).await?;
     let capability = client::CapabilityArgs {
         fs: Some(args.fs_type.clone()),
         ..Default::default()
@@ -689,11 +667,59 @@ async fn run_csi(
     if let Some(e) = first_error(&errors) {
         return Err(e);
     }
+    csi_report(args, &samples, wall, stage_unstage, server_pid)
+}
+
+/// `--server-pid`: resolves `auto` to the socket's peer, checks that the
+/// pid's peak RSS can be read, and resets it when `--reset-peak-rss` asks.
+async fn prepare_server_pid(args: &BenchArgs) -> Result<Option<u32>, String> {
+    let server_pid = match args.server_pid {
+        None => None,
+        Some(ServerPid::Pid(p)) => Some(p),
+        Some(ServerPid::Auto) => Some(socket_peer_pid(&args.endpoint).await?),
+    };
+    if let Some(pid) = server_pid {
+        read_peak_rss(pid)?;
+        if args.reset_peak_rss {
+            reset_peak_rss(pid)?;
+        }
+    }
+    Ok(server_pid)
+}
+
+/// Whether the driver's NodeGetCapabilities lists STAGE_UNSTAGE_VOLUME.
+async fn has_stage_unstage(clients: &Clients) -> Result<bool, String> {
+    let mut node = clients.node.clone();
+    let caps = client::call(clients.timeout, csi::NodeGetCapabilitiesRequest {}, |r| {
+        node.node_get_capabilities(r)
+    })
+    .await
+    .map_err(|s| {
+        format!(
+            "NodeGetCapabilities: {}: {}",
+            code_name(s.code()),
+            s.message()
+        )
+    })?;
+    Ok(client::node_cap_names(&caps)
+        .iter()
+        .any(|c| c == "STAGE_UNSTAGE_VOLUME"))
+}
+
+/// The CSI-mode report: latencies, the run's settings, and the server's peak
+/// RSS when `--server-pid` was given.
+fn csi_report(
+    args: &BenchArgs,
+    samples: &Samples,
+    wall: Duration,
+    stage_unstage: bool,
+    server_pid: Option<u32>,
+) -> Result<Report, String> {
     let (mode, steps) = match args.floor_rpc {
         true => ("rpc-floor", &PROBE_STEPS),
         false => ("csi", &RPC_STEPS),
     };
-    let mut report = Report::new(mode, steps, &samples, wall)
+    let mut report = Report::new(mode, steps, samples, wall)
         .ok_or_else(|| "no lifecycle completed".to_owned())?;
     report.endpoint = Some(args.endpoint.to_string());
     report.volumes = args.volumes;
