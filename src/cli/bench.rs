@@ -620,6 +620,8 @@ fn rpc_error(step: usize, s: tonic::Status) -> String {
     )
 }
 
+/// CSI mode (and `--floor-rpc`): runs the lifecycles against the driver's
+/// socket on `--concurrency` workers and reports their latencies.
 async fn run_csi(
     args: &BenchArgs,
     dirs: &RunDir,
@@ -630,32 +632,8 @@ async fn run_csi(
         .await
         .map_err(|e| e.to_string())?;
     let clients = Clients::new(channel, Duration::from_secs(args.timeout.max(1)));
-    let server_pid = match args.server_pid {
-        None => None,
-        Some(ServerPid::Pid(p)) => Some(p),
-        Some(ServerPid::Auto) => Some(socket_peer_pid(&args.endpoint).await?),
-    };
-    if let Some(pid) = server_pid {
-        read_peak_rss(pid)?;
-        if args.reset_peak_rss {
-            reset_peak_rss(pid)?;
-        }
-    }
-    let mut node = clients.node.clone();
-    let caps = client::call(clients.timeout, csi::NodeGetCapabilitiesRequest {}, |r| {
-        node.node_get_capabilities(r)
-    })
-    .await
-    .map_err(|s| {
-        format!(
-            "NodeGetCapabilities: {}: {}",
-            code_name(s.code()),
-            s.message()
-        )
-    })?;
-    let stage_unstage = client::node_cap_names(&caps)
-        .iter()
-        .any(|c| c == "STAGE_UNSTAGE_VOLUME");
+    let server_pid = prepare_server_pid(args).await?;
+    let stage_unstage = has_stage_unstage(&clients).await?;
     let capability = client::CapabilityArgs {
         fs: Some(args.fs_type.clone()),
         ..Default::default()
@@ -689,11 +667,59 @@ async fn run_csi(
     if let Some(e) = first_error(&errors) {
         return Err(e);
     }
+    csi_report(args, &samples, wall, stage_unstage, server_pid)
+}
+
+/// `--server-pid`: resolves `auto` to the socket's peer, checks that the
+/// pid's peak RSS can be read, and resets it when `--reset-peak-rss` asks.
+async fn prepare_server_pid(args: &BenchArgs) -> Result<Option<u32>, String> {
+    let server_pid = match args.server_pid {
+        None => None,
+        Some(ServerPid::Pid(p)) => Some(p),
+        Some(ServerPid::Auto) => Some(socket_peer_pid(&args.endpoint).await?),
+    };
+    if let Some(pid) = server_pid {
+        read_peak_rss(pid)?;
+        if args.reset_peak_rss {
+            reset_peak_rss(pid)?;
+        }
+    }
+    Ok(server_pid)
+}
+
+/// Whether the driver's NodeGetCapabilities lists STAGE_UNSTAGE_VOLUME.
+async fn has_stage_unstage(clients: &Clients) -> Result<bool, String> {
+    let mut node = clients.node.clone();
+    let caps = client::call(clients.timeout, csi::NodeGetCapabilitiesRequest {}, |r| {
+        node.node_get_capabilities(r)
+    })
+    .await
+    .map_err(|s| {
+        format!(
+            "NodeGetCapabilities: {}: {}",
+            code_name(s.code()),
+            s.message()
+        )
+    })?;
+    Ok(client::node_cap_names(&caps)
+        .iter()
+        .any(|c| c == "STAGE_UNSTAGE_VOLUME"))
+}
+
+/// The CSI-mode report: latencies, the run's settings, and the server's peak
+/// RSS when `--server-pid` was given.
+fn csi_report(
+    args: &BenchArgs,
+    samples: &Samples,
+    wall: Duration,
+    stage_unstage: bool,
+    server_pid: Option<u32>,
+) -> Result<Report, String> {
     let (mode, steps) = match args.floor_rpc {
         true => ("rpc-floor", &PROBE_STEPS),
         false => ("csi", &RPC_STEPS),
     };
-    let mut report = Report::new(mode, steps, &samples, wall)
+    let mut report = Report::new(mode, steps, samples, wall)
         .ok_or_else(|| "no lifecycle completed".to_owned())?;
     report.endpoint = Some(args.endpoint.to_string());
     report.volumes = args.volumes;
@@ -806,6 +832,9 @@ async fn csi_lifecycle(
     res
 }
 
+/// The lifecycle's steps in order (stage and unstage only for drivers with
+/// STAGE_UNSTAGE_VOLUME), recording each step's latency and, in `p`, what
+/// there is to undo if a later step fails.
 async fn csi_steps(
     ctx: &CsiCtx,
     i: usize,
@@ -814,12 +843,44 @@ async fn csi_steps(
     samples: &mut Samples,
     p: &mut Progress,
 ) -> Result<(), String> {
-    let t = ctx.clients.timeout;
-    let (mut ctl, mut node) = (ctx.clients.controller.clone(), ctx.clients.node.clone());
     let staging_s = path_str(staging)?;
     let target_s = path_str(target)?;
     let lifecycle = Instant::now();
+    let id = csi_create(ctx, i, samples, p).await?;
+    if ctx.stage_unstage {
+        csi_stage(ctx, &id, staging, &staging_s, samples, p).await?;
+    }
+    csi_publish(ctx, &id, &staging_s, &target_s, samples, p).await?;
+    csi_unpublish(ctx, &id, target, target_s, samples, p).await?;
+    if ctx.stage_unstage {
+        csi_unstage(ctx, &id, staging, staging_s, samples, p).await?;
+    }
+    csi_delete(ctx, id, samples, p).await?;
+    samples.lifecycles.push(lifecycle.elapsed());
+    Ok(())
+}
 
+/// Awaits one lifecycle RPC and records its latency under `step`; an error
+/// is worded by `rpc_error`.
+async fn timed<R>(
+    samples: &mut Samples,
+    step: usize,
+    rpc: impl std::future::Future<Output = Result<R, tonic::Status>>,
+) -> Result<R, String> {
+    let start = Instant::now();
+    let r = rpc.await.map_err(|s| rpc_error(step, s))?;
+    samples.steps[step].push(start.elapsed());
+    Ok(r)
+}
+
+/// CreateVolume for lifecycle `i`; returns the new volume's id.
+async fn csi_create(
+    ctx: &CsiCtx,
+    i: usize,
+    samples: &mut Samples,
+    p: &mut Progress,
+) -> Result<String, String> {
+    let mut ctl = ctx.clients.controller.clone();
     let req = csi::CreateVolumeRequest {
         name: format!("{}-{i}", ctx.prefix),
         capacity_range: Some(csi::CapacityRange {
@@ -830,99 +891,132 @@ async fn csi_steps(
         parameters: ctx.parameters.clone(),
         ..Default::default()
     };
-    let start = Instant::now();
-    let r = client::call(t, req, |r| ctl.create_volume(r))
-        .await
-        .map_err(|s| rpc_error(CREATE, s))?;
-    samples.steps[CREATE].push(start.elapsed());
+    let call = client::call(ctx.clients.timeout, req, |r| ctl.create_volume(r));
+    let r = timed(samples, CREATE, call).await?;
     let vol = r
         .volume
         .ok_or_else(|| "CreateVolume answered without a volume".to_owned())?;
     p.volume_id = Some(vol.volume_id.clone());
     p.volume_context = vol.volume_context;
-    let id = vol.volume_id;
+    Ok(vol.volume_id)
+}
 
-    if ctx.stage_unstage {
-        // kubelet creates the staging directory before NodeStageVolume. These
-        // mkdir/rmdir calls block the worker for a few microseconds.
-        std::fs::create_dir(staging).map_err(|e| format!("creating {staging:?}: {e}"))?;
-        p.staging_dir = true;
-        p.staged = true;
-        let req = csi::NodeStageVolumeRequest {
-            volume_id: id.clone(),
-            publish_context: HashMap::new(),
-            staging_target_path: staging_s.clone(),
-            volume_capability: Some(ctx.capability.clone()),
-            secrets: HashMap::new(),
-            volume_context: p.volume_context.clone(),
-        };
-        let start = Instant::now();
-        client::call(t, req, |r| node.node_stage_volume(r))
-            .await
-            .map_err(|s| rpc_error(STAGE, s))?;
-        samples.steps[STAGE].push(start.elapsed());
-    }
+/// Creates the staging directory (as kubelet does), then NodeStageVolume.
+async fn csi_stage(
+    ctx: &CsiCtx,
+    id: &str,
+    staging: &Path,
+    staging_s: &str,
+    samples: &mut Samples,
+    p: &mut Progress,
+) -> Result<(), String> {
+    let mut node = ctx.clients.node.clone();
+    // kubelet creates the staging directory before NodeStageVolume. These
+    // mkdir/rmdir calls block the worker for a few microseconds.
+    std::fs::create_dir(staging).map_err(|e| format!("creating {staging:?}: {e}"))?;
+    p.staging_dir = true;
+    p.staged = true;
+    let req = csi::NodeStageVolumeRequest {
+        volume_id: id.to_owned(),
+        publish_context: HashMap::new(),
+        staging_target_path: staging_s.to_owned(),
+        volume_capability: Some(ctx.capability.clone()),
+        secrets: HashMap::new(),
+        volume_context: p.volume_context.clone(),
+    };
+    let call = client::call(ctx.clients.timeout, req, |r| node.node_stage_volume(r));
+    timed(samples, STAGE, call).await?;
+    Ok(())
+}
 
+/// NodePublishVolume at `target_s` (from the staging path when staged).
+async fn csi_publish(
+    ctx: &CsiCtx,
+    id: &str,
+    staging_s: &str,
+    target_s: &str,
+    samples: &mut Samples,
+    p: &mut Progress,
+) -> Result<(), String> {
+    let mut node = ctx.clients.node.clone();
     p.published = true;
     let req = csi::NodePublishVolumeRequest {
-        volume_id: id.clone(),
+        volume_id: id.to_owned(),
         publish_context: HashMap::new(),
         staging_target_path: if ctx.stage_unstage {
-            staging_s.clone()
+            staging_s.to_owned()
         } else {
             String::new()
         },
-        target_path: target_s.clone(),
+        target_path: target_s.to_owned(),
         volume_capability: Some(ctx.capability.clone()),
         readonly: false,
         secrets: HashMap::new(),
         volume_context: p.volume_context.clone(),
     };
-    let start = Instant::now();
-    client::call(t, req, |r| node.node_publish_volume(r))
-        .await
-        .map_err(|s| rpc_error(PUBLISH, s))?;
-    samples.steps[PUBLISH].push(start.elapsed());
+    let call = client::call(ctx.clients.timeout, req, |r| node.node_publish_volume(r));
+    timed(samples, PUBLISH, call).await?;
+    Ok(())
+}
 
+/// NodeUnpublishVolume, then removes the target directory.
+async fn csi_unpublish(
+    ctx: &CsiCtx,
+    id: &str,
+    target: &Path,
+    target_s: String,
+    samples: &mut Samples,
+    p: &mut Progress,
+) -> Result<(), String> {
+    let mut node = ctx.clients.node.clone();
     let req = csi::NodeUnpublishVolumeRequest {
-        volume_id: id.clone(),
+        volume_id: id.to_owned(),
         target_path: target_s,
     };
-    let start = Instant::now();
-    client::call(t, req, |r| node.node_unpublish_volume(r))
-        .await
-        .map_err(|s| rpc_error(UNPUBLISH, s))?;
-    samples.steps[UNPUBLISH].push(start.elapsed());
+    let call = client::call(ctx.clients.timeout, req, |r| node.node_unpublish_volume(r));
+    timed(samples, UNPUBLISH, call).await?;
     p.published = false;
     // The driver should have removed the target; kubelet removes it otherwise.
-    rmdir(target).map_err(|e| format!("removing {target:?} after NodeUnpublishVolume: {e}"))?;
+    rmdir(target).map_err(|e| format!("removing {target:?} after NodeUnpublishVolume: {e}"))
+}
 
-    if ctx.stage_unstage {
-        let req = csi::NodeUnstageVolumeRequest {
-            volume_id: id.clone(),
-            staging_target_path: staging_s,
-        };
-        let start = Instant::now();
-        client::call(t, req, |r| node.node_unstage_volume(r))
-            .await
-            .map_err(|s| rpc_error(UNSTAGE, s))?;
-        samples.steps[UNSTAGE].push(start.elapsed());
-        p.staged = false;
-        rmdir(staging).map_err(|e| format!("removing {staging:?} after NodeUnstageVolume: {e}"))?;
-        p.staging_dir = false;
-    }
+/// NodeUnstageVolume, then removes the staging directory.
+async fn csi_unstage(
+    ctx: &CsiCtx,
+    id: &str,
+    staging: &Path,
+    staging_s: String,
+    samples: &mut Samples,
+    p: &mut Progress,
+) -> Result<(), String> {
+    let mut node = ctx.clients.node.clone();
+    let req = csi::NodeUnstageVolumeRequest {
+        volume_id: id.to_owned(),
+        staging_target_path: staging_s,
+    };
+    let call = client::call(ctx.clients.timeout, req, |r| node.node_unstage_volume(r));
+    timed(samples, UNSTAGE, call).await?;
+    p.staged = false;
+    rmdir(staging).map_err(|e| format!("removing {staging:?} after NodeUnstageVolume: {e}"))?;
+    p.staging_dir = false;
+    Ok(())
+}
 
+/// DeleteVolume; the lifecycle then has nothing left to undo.
+async fn csi_delete(
+    ctx: &CsiCtx,
+    id: String,
+    samples: &mut Samples,
+    p: &mut Progress,
+) -> Result<(), String> {
+    let mut ctl = ctx.clients.controller.clone();
     let req = csi::DeleteVolumeRequest {
         volume_id: id,
         secrets: HashMap::new(),
     };
-    let start = Instant::now();
-    client::call(t, req, |r| ctl.delete_volume(r))
-        .await
-        .map_err(|s| rpc_error(DELETE, s))?;
-    samples.steps[DELETE].push(start.elapsed());
+    let call = client::call(ctx.clients.timeout, req, |r| ctl.delete_volume(r));
+    timed(samples, DELETE, call).await?;
     p.volume_id = None;
-    samples.lifecycles.push(lifecycle.elapsed());
     Ok(())
 }
 

@@ -441,52 +441,13 @@ pub async fn main(args: ClientArgs) -> ExitCode {
     }
 }
 
-/// Runs one client command against connected clients.
+/// Runs one client command against connected clients: picks the subcommand's
+/// function.
 pub async fn run(c: &Clients, cmd: &ClientCommand) -> Result<Output, ClientError> {
-    let t = c.timeout;
-    let rpc = ClientError::Rpc;
     match cmd {
-        ClientCommand::Probe => {
-            let mut id = c.identity.clone();
-            let r = call(t, csi::ProbeRequest {}, |r| id.probe(r))
-                .await
-                .map_err(rpc)?;
-            let ready = match r.ready {
-                Some(true) => "yes",
-                Some(false) => "no",
-                None => "yes (not reported)",
-            };
-            Ok(Output {
-                json: json!({ "ready": r.ready }),
-                human: rows(&[("ready", ready.to_owned())]),
-            })
-        }
+        ClientCommand::Probe => cmd_probe(c).await,
         ClientCommand::Info => info(c).await,
-        ClientCommand::Capacity { pool, params } => {
-            let parameters = param_map(pool.as_deref(), params).map_err(ClientError::Usage)?;
-            let mut ctl = c.controller.clone();
-            let req = csi::GetCapacityRequest {
-                volume_capabilities: Vec::new(),
-                parameters,
-                accessible_topology: None,
-            };
-            let r = call(t, req, |r| ctl.get_capacity(r)).await.map_err(rpc)?;
-            let mut lines = vec![("available", bytes_h(r.available_capacity))];
-            if let Some(m) = r.maximum_volume_size {
-                lines.push(("maximum volume size", bytes_h(m)));
-            }
-            if let Some(m) = r.minimum_volume_size {
-                lines.push(("minimum volume size", bytes_h(m)));
-            }
-            Ok(Output {
-                json: json!({
-                    "available_capacity": r.available_capacity,
-                    "maximum_volume_size": r.maximum_volume_size,
-                    "minimum_volume_size": r.minimum_volume_size,
-                }),
-                human: rows(&lines),
-            })
-        }
+        ClientCommand::Capacity { pool, params } => cmd_capacity(c, pool.as_deref(), params).await,
         ClientCommand::Create {
             name,
             size,
@@ -494,41 +455,8 @@ pub async fn run(c: &Clients, cmd: &ClientCommand) -> Result<Output, ClientError
             pool,
             cap,
             params,
-        } => {
-            let parameters = param_map(pool.as_deref(), params).map_err(ClientError::Usage)?;
-            let capacity_range = (size.is_some() || limit.is_some()).then(|| csi::CapacityRange {
-                required_bytes: size.unwrap_or(0),
-                limit_bytes: limit.unwrap_or(0),
-            });
-            let req = csi::CreateVolumeRequest {
-                name: name.clone(),
-                capacity_range,
-                volume_capabilities: vec![cap.to_csi()],
-                parameters,
-                ..Default::default()
-            };
-            let mut ctl = c.controller.clone();
-            let r = call(t, req, |r| ctl.create_volume(r)).await.map_err(rpc)?;
-            let vol = r.volume.ok_or_else(|| {
-                ClientError::Rpc(Status::internal("CreateVolume answered without a volume"))
-            })?;
-            Ok(Output {
-                json: volume_json(&vol),
-                human: rows(&volume_rows(&vol)),
-            })
-        }
-        ClientCommand::Delete { volume_id } => {
-            let mut ctl = c.controller.clone();
-            let req = csi::DeleteVolumeRequest {
-                volume_id: volume_id.clone(),
-                secrets: HashMap::new(),
-            };
-            call(t, req, |r| ctl.delete_volume(r)).await.map_err(rpc)?;
-            Ok(Output {
-                json: json!({ "volume_id": volume_id, "deleted": true }),
-                human: rows(&[("deleted", volume_id.clone())]),
-            })
-        }
+        } => cmd_create(c, name, *size, *limit, pool.as_deref(), cap, params).await,
+        ClientCommand::Delete { volume_id } => cmd_delete(c, volume_id).await,
         ClientCommand::Expand {
             volume_id,
             size,
@@ -538,107 +466,23 @@ pub async fn run(c: &Clients, cmd: &ClientCommand) -> Result<Output, ClientError
             node,
             cap,
         } => {
-            let range = csi::CapacityRange {
-                required_bytes: *size,
-                limit_bytes: limit.unwrap_or(0),
+            let node_step = NodeExpandStep {
+                volume_path: volume_path.as_deref(),
+                staging_path: staging_path.as_deref(),
+                always: *node,
             };
-            let capability = cap.given().then(|| cap.to_csi());
-            let mut ctl = c.controller.clone();
-            let req = csi::ControllerExpandVolumeRequest {
-                volume_id: volume_id.clone(),
-                capacity_range: Some(range),
-                secrets: HashMap::new(),
-                volume_capability: capability.clone(),
-            };
-            let r = call(t, req, |r| ctl.controller_expand_volume(r))
-                .await
-                .map_err(rpc)?;
-            let mut node_capacity = None;
-            let mut lines = vec![
-                ("volume_id", volume_id.clone()),
-                ("capacity", bytes_h(r.capacity_bytes)),
-            ];
-            match volume_path {
-                Some(path) if r.node_expansion_required || *node => {
-                    let mut n = c.node.clone();
-                    let req = csi::NodeExpandVolumeRequest {
-                        volume_id: volume_id.clone(),
-                        volume_path: path.clone(),
-                        capacity_range: Some(range),
-                        staging_target_path: staging_path.clone().unwrap_or_default(),
-                        volume_capability: capability,
-                        secrets: HashMap::new(),
-                    };
-                    let nr = call(t, req, |r| n.node_expand_volume(r))
-                        .await
-                        .map_err(rpc)?;
-                    node_capacity = Some(nr.capacity_bytes);
-                    lines.push(("node expansion", format!("done at {path}")));
-                    if nr.capacity_bytes != 0 {
-                        lines.push(("node capacity", bytes_h(nr.capacity_bytes)));
-                    }
-                }
-                _ if r.node_expansion_required => lines.push((
-                    "node expansion",
-                    "required: run again with --volume-path to call NodeExpandVolume".to_owned(),
-                )),
-                _ => lines.push(("node expansion", "not required".to_owned())),
-            }
-            Ok(Output {
-                json: json!({
-                    "volume_id": volume_id,
-                    "capacity_bytes": r.capacity_bytes,
-                    "node_expansion_required": r.node_expansion_required,
-                    "node_expanded": node_capacity.is_some(),
-                    "node_capacity_bytes": node_capacity,
-                }),
-                human: rows(&lines),
-            })
+            cmd_expand(c, volume_id, *size, *limit, cap, node_step).await
         }
         ClientCommand::Stage {
             volume_id,
             staging_path,
             cap,
             context,
-        } => {
-            let volume_context = param_map(None, context).map_err(ClientError::Usage)?;
-            let mut n = c.node.clone();
-            let req = csi::NodeStageVolumeRequest {
-                volume_id: volume_id.clone(),
-                publish_context: HashMap::new(),
-                staging_target_path: staging_path.clone(),
-                volume_capability: Some(cap.to_csi()),
-                secrets: HashMap::new(),
-                volume_context,
-            };
-            call(t, req, |r| n.node_stage_volume(r))
-                .await
-                .map_err(rpc)?;
-            Ok(Output {
-                json: json!({ "volume_id": volume_id, "staging_target_path": staging_path, "staged": true }),
-                human: rows(&[("staged", volume_id.clone()), ("at", staging_path.clone())]),
-            })
-        }
+        } => cmd_stage(c, volume_id, staging_path, cap, context).await,
         ClientCommand::Unstage {
             volume_id,
             staging_path,
-        } => {
-            let mut n = c.node.clone();
-            let req = csi::NodeUnstageVolumeRequest {
-                volume_id: volume_id.clone(),
-                staging_target_path: staging_path.clone(),
-            };
-            call(t, req, |r| n.node_unstage_volume(r))
-                .await
-                .map_err(rpc)?;
-            Ok(Output {
-                json: json!({ "volume_id": volume_id, "staging_target_path": staging_path, "unstaged": true }),
-                human: rows(&[
-                    ("unstaged", volume_id.clone()),
-                    ("from", staging_path.clone()),
-                ]),
-            })
-        }
+        } => cmd_unstage(c, volume_id, staging_path).await,
         ClientCommand::Publish {
             volume_id,
             target_path,
@@ -647,67 +491,27 @@ pub async fn run(c: &Clients, cmd: &ClientCommand) -> Result<Output, ClientError
             cap,
             context,
         } => {
-            let volume_context = param_map(None, context).map_err(ClientError::Usage)?;
-            let mut n = c.node.clone();
-            let req = csi::NodePublishVolumeRequest {
-                volume_id: volume_id.clone(),
-                publish_context: HashMap::new(),
-                staging_target_path: staging_path.clone().unwrap_or_default(),
-                target_path: target_path.clone(),
-                volume_capability: Some(cap.to_csi()),
-                readonly: *readonly,
-                secrets: HashMap::new(),
-                volume_context,
-            };
-            call(t, req, |r| n.node_publish_volume(r))
-                .await
-                .map_err(rpc)?;
-            let at = if *readonly {
-                format!("{target_path} (read-only)")
-            } else {
-                target_path.clone()
-            };
-            Ok(Output {
-                json: json!({ "volume_id": volume_id, "target_path": target_path, "published": true }),
-                human: rows(&[("published", volume_id.clone()), ("at", at)]),
-            })
+            let staging_path = staging_path.as_deref();
+            cmd_publish(
+                c,
+                volume_id,
+                target_path,
+                staging_path,
+                *readonly,
+                cap,
+                context,
+            )
+            .await
         }
         ClientCommand::Unpublish {
             volume_id,
             target_path,
-        } => {
-            let mut n = c.node.clone();
-            let req = csi::NodeUnpublishVolumeRequest {
-                volume_id: volume_id.clone(),
-                target_path: target_path.clone(),
-            };
-            call(t, req, |r| n.node_unpublish_volume(r))
-                .await
-                .map_err(rpc)?;
-            Ok(Output {
-                json: json!({ "volume_id": volume_id, "target_path": target_path, "unpublished": true }),
-                human: rows(&[
-                    ("unpublished", volume_id.clone()),
-                    ("from", target_path.clone()),
-                ]),
-            })
-        }
+        } => cmd_unpublish(c, volume_id, target_path).await,
         ClientCommand::Stats {
             volume_id,
             volume_path,
             staging_path,
-        } => {
-            let mut n = c.node.clone();
-            let req = csi::NodeGetVolumeStatsRequest {
-                volume_id: volume_id.clone(),
-                volume_path: volume_path.clone(),
-                staging_target_path: staging_path.clone().unwrap_or_default(),
-            };
-            let r = call(t, req, |r| n.node_get_volume_stats(r))
-                .await
-                .map_err(rpc)?;
-            Ok(stats_output(volume_id, volume_path, &r))
-        }
+        } => cmd_stats(c, volume_id, volume_path, staging_path.as_deref()).await,
         ClientCommand::List {
             max_entries,
             starting_token,
@@ -716,8 +520,347 @@ pub async fn run(c: &Clients, cmd: &ClientCommand) -> Result<Output, ClientError
     }
 }
 
+/// `probe`: asks the driver whether it is ready.
+async fn cmd_probe(c: &Clients) -> Result<Output, ClientError> {
+    let mut id = c.identity.clone();
+    let r = call(c.timeout, csi::ProbeRequest {}, |r| id.probe(r))
+        .await
+        .map_err(ClientError::Rpc)?;
+    let ready = match r.ready {
+        Some(true) => "yes",
+        Some(false) => "no",
+        None => "yes (not reported)",
+    };
+    Ok(Output {
+        json: json!({ "ready": r.ready }),
+        human: rows(&[("ready", ready.to_owned())]),
+    })
+}
+
+/// `capacity`: GetCapacity for the given parameters.
+async fn cmd_capacity(
+    c: &Clients,
+    pool: Option<&str>,
+    params: &[(String, String)],
+) -> Result<Output, ClientError> {
+    let parameters = param_map(pool, params).map_err(ClientError::Usage)?;
+    let mut ctl = c.controller.clone();
+    let req = csi::GetCapacityRequest {
+        volume_capabilities: Vec::new(),
+        parameters,
+        accessible_topology: None,
+    };
+    let r = call(c.timeout, req, |r| ctl.get_capacity(r))
+        .await
+        .map_err(ClientError::Rpc)?;
+    let mut lines = vec![("available", bytes_h(r.available_capacity))];
+    if let Some(m) = r.maximum_volume_size {
+        lines.push(("maximum volume size", bytes_h(m)));
+    }
+    if let Some(m) = r.minimum_volume_size {
+        lines.push(("minimum volume size", bytes_h(m)));
+    }
+    Ok(Output {
+        json: json!({
+            "available_capacity": r.available_capacity,
+            "maximum_volume_size": r.maximum_volume_size,
+            "minimum_volume_size": r.minimum_volume_size,
+        }),
+        human: rows(&lines),
+    })
+}
+
+/// `create`: CreateVolume; prints the volume the driver made.
+async fn cmd_create(
+    c: &Clients,
+    name: &str,
+    size: Option<i64>,
+    limit: Option<i64>,
+    pool: Option<&str>,
+    cap: &CapabilityArgs,
+    params: &[(String, String)],
+) -> Result<Output, ClientError> {
+    let parameters = param_map(pool, params).map_err(ClientError::Usage)?;
+    let capacity_range = (size.is_some() || limit.is_some()).then(|| csi::CapacityRange {
+        required_bytes: size.unwrap_or(0),
+        limit_bytes: limit.unwrap_or(0),
+    });
+    let req = csi::CreateVolumeRequest {
+        name: name.to_owned(),
+        capacity_range,
+        volume_capabilities: vec![cap.to_csi()],
+        parameters,
+        ..Default::default()
+    };
+    let mut ctl = c.controller.clone();
+    let r = call(c.timeout, req, |r| ctl.create_volume(r))
+        .await
+        .map_err(ClientError::Rpc)?;
+    let vol = r.volume.ok_or_else(|| {
+        ClientError::Rpc(Status::internal("CreateVolume answered without a volume"))
+    })?;
+    Ok(Output {
+        json: volume_json(&vol),
+        human: rows(&volume_rows(&vol)),
+    })
+}
+
+/// `delete`: DeleteVolume.
+async fn cmd_delete(c: &Clients, volume_id: &str) -> Result<Output, ClientError> {
+    let mut ctl = c.controller.clone();
+    let req = csi::DeleteVolumeRequest {
+        volume_id: volume_id.to_owned(),
+        secrets: HashMap::new(),
+    };
+    call(c.timeout, req, |r| ctl.delete_volume(r))
+        .await
+        .map_err(ClientError::Rpc)?;
+    Ok(Output {
+        json: json!({ "volume_id": volume_id, "deleted": true }),
+        human: rows(&[("deleted", volume_id.to_owned())]),
+    })
+}
+
+/// The `expand` flags that decide and shape its NodeExpandVolume step.
+struct NodeExpandStep<'a> {
+    /// `--volume-path`: without it there is no node step.
+    volume_path: Option<&'a str>,
+    /// `--staging-path`.
+    staging_path: Option<&'a str>,
+    /// `--node`: call NodeExpandVolume even when the controller does not ask.
+    always: bool,
+}
+
+/// `expand`: ControllerExpandVolume, then the node step when the driver asks
+/// for it (or `--node`) and a volume path is given.
+async fn cmd_expand(
+    c: &Clients,
+    volume_id: &str,
+    size: i64,
+    limit: Option<i64>,
+    cap: &CapabilityArgs,
+    node_step: NodeExpandStep<'_>,
+) -> Result<Output, ClientError> {
+    let range = csi::CapacityRange {
+        required_bytes: size,
+        limit_bytes: limit.unwrap_or(0),
+    };
+    let capability = cap.given().then(|| cap.to_csi());
+    let mut ctl = c.controller.clone();
+    let req = csi::ControllerExpandVolumeRequest {
+        volume_id: volume_id.to_owned(),
+        capacity_range: Some(range),
+        secrets: HashMap::new(),
+        volume_capability: capability.clone(),
+    };
+    let r = call(c.timeout, req, |r| ctl.controller_expand_volume(r))
+        .await
+        .map_err(ClientError::Rpc)?;
+    let mut node_capacity = None;
+    let mut lines = vec![
+        ("volume_id", volume_id.to_owned()),
+        ("capacity", bytes_h(r.capacity_bytes)),
+    ];
+    match node_step.volume_path {
+        Some(path) if r.node_expansion_required || node_step.always => {
+            let req = csi::NodeExpandVolumeRequest {
+                volume_id: volume_id.to_owned(),
+                volume_path: path.to_owned(),
+                capacity_range: Some(range),
+                staging_target_path: node_step.staging_path.unwrap_or_default().to_owned(),
+                volume_capability: capability,
+                secrets: HashMap::new(),
+            };
+            let bytes = node_expand(c, req).await?;
+            node_capacity = Some(bytes);
+            lines.push(("node expansion", format!("done at {path}")));
+            if bytes != 0 {
+                lines.push(("node capacity", bytes_h(bytes)));
+            }
+        }
+        _ if r.node_expansion_required => lines.push((
+            "node expansion",
+            "required: run again with --volume-path to call NodeExpandVolume".to_owned(),
+        )),
+        _ => lines.push(("node expansion", "not required".to_owned())),
+    }
+    Ok(Output {
+        json: json!({
+            "volume_id": volume_id,
+            "capacity_bytes": r.capacity_bytes,
+            "node_expansion_required": r.node_expansion_required,
+            "node_expanded": node_capacity.is_some(),
+            "node_capacity_bytes": node_capacity,
+        }),
+        human: rows(&lines),
+    })
+}
+
+/// NodeExpandVolume; returns the capacity the node reports (0: not reported).
+async fn node_expand(c: &Clients, req: csi::NodeExpandVolumeRequest) -> Result<i64, ClientError> {
+    let mut n = c.node.clone();
+    let r = call(c.timeout, req, |r| n.node_expand_volume(r))
+        .await
+        .map_err(ClientError::Rpc)?;
+    Ok(r.capacity_bytes)
+}
+
+/// `stage`: NodeStageVolume.
+async fn cmd_stage(
+    c: &Clients,
+    volume_id: &str,
+    staging_path: &str,
+    cap: &CapabilityArgs,
+    context: &[(String, String)],
+) -> Result<Output, ClientError> {
+    let volume_context = param_map(None, context).map_err(ClientError::Usage)?;
+    let mut n = c.node.clone();
+    let req = csi::NodeStageVolumeRequest {
+        volume_id: volume_id.to_owned(),
+        publish_context: HashMap::new(),
+        staging_target_path: staging_path.to_owned(),
+        volume_capability: Some(cap.to_csi()),
+        secrets: HashMap::new(),
+        volume_context,
+    };
+    call(c.timeout, req, |r| n.node_stage_volume(r))
+        .await
+        .map_err(ClientError::Rpc)?;
+    Ok(Output {
+        json: json!({ "volume_id": volume_id, "staging_target_path": staging_path, "staged": true }),
+        human: rows(&[
+            ("staged", volume_id.to_owned()),
+            ("at", staging_path.to_owned()),
+        ]),
+    })
+}
+
+/// `unstage`: NodeUnstageVolume.
+async fn cmd_unstage(
+    c: &Clients,
+    volume_id: &str,
+    staging_path: &str,
+) -> Result<Output, ClientError> {
+    let mut n = c.node.clone();
+    let req = csi::NodeUnstageVolumeRequest {
+        volume_id: volume_id.to_owned(),
+        staging_target_path: staging_path.to_owned(),
+    };
+    call(c.timeout, req, |r| n.node_unstage_volume(r))
+        .await
+        .map_err(ClientError::Rpc)?;
+    Ok(Output {
+        json: json!({ "volume_id": volume_id, "staging_target_path": staging_path, "unstaged": true }),
+        human: rows(&[
+            ("unstaged", volume_id.to_owned()),
+            ("from", staging_path.to_owned()),
+        ]),
+    })
+}
+
+/// `publish`: NodePublishVolume.
+async fn cmd_publish(
+    c: &Clients,
+    volume_id: &str,
+    target_path: &str,
+    staging_path: Option<&str>,
+    readonly: bool,
+    cap: &CapabilityArgs,
+    context: &[(String, String)],
+) -> Result<Output, ClientError> {
+    let volume_context = param_map(None, context).map_err(ClientError::Usage)?;
+    let mut n = c.node.clone();
+    let req = csi::NodePublishVolumeRequest {
+        volume_id: volume_id.to_owned(),
+        publish_context: HashMap::new(),
+        staging_target_path: staging_path.unwrap_or_default().to_owned(),
+        target_path: target_path.to_owned(),
+        volume_capability: Some(cap.to_csi()),
+        readonly,
+        secrets: HashMap::new(),
+        volume_context,
+    };
+    call(c.timeout, req, |r| n.node_publish_volume(r))
+        .await
+        .map_err(ClientError::Rpc)?;
+    let at = if readonly {
+        format!("{target_path} (read-only)")
+    } else {
+        target_path.to_owned()
+    };
+    Ok(Output {
+        json: json!({ "volume_id": volume_id, "target_path": target_path, "published": true }),
+        human: rows(&[("published", volume_id.to_owned()), ("at", at)]),
+    })
+}
+
+/// `unpublish`: NodeUnpublishVolume.
+async fn cmd_unpublish(
+    c: &Clients,
+    volume_id: &str,
+    target_path: &str,
+) -> Result<Output, ClientError> {
+    let mut n = c.node.clone();
+    let req = csi::NodeUnpublishVolumeRequest {
+        volume_id: volume_id.to_owned(),
+        target_path: target_path.to_owned(),
+    };
+    call(c.timeout, req, |r| n.node_unpublish_volume(r))
+        .await
+        .map_err(ClientError::Rpc)?;
+    Ok(Output {
+        json: json!({ "volume_id": volume_id, "target_path": target_path, "unpublished": true }),
+        human: rows(&[
+            ("unpublished", volume_id.to_owned()),
+            ("from", target_path.to_owned()),
+        ]),
+    })
+}
+
+/// `stats`: NodeGetVolumeStats.
+async fn cmd_stats(
+    c: &Clients,
+    volume_id: &str,
+    volume_path: &str,
+    staging_path: Option<&str>,
+) -> Result<Output, ClientError> {
+    let mut n = c.node.clone();
+    let req = csi::NodeGetVolumeStatsRequest {
+        volume_id: volume_id.to_owned(),
+        volume_path: volume_path.to_owned(),
+        staging_target_path: staging_path.unwrap_or_default().to_owned(),
+    };
+    let r = call(c.timeout, req, |r| n.node_get_volume_stats(r))
+        .await
+        .map_err(ClientError::Rpc)?;
+    Ok(stats_output(volume_id, volume_path, &r))
+}
+
+/// What `info` learns from the driver's identity, node and controller services.
+struct DriverInfo {
+    plugin: csi::GetPluginInfoResponse,
+    plugin_caps: Vec<String>,
+    /// `None`: the driver does not serve NodeGetInfo.
+    node_info: Option<csi::NodeGetInfoResponse>,
+    /// `None`: no controller service, or ControllerGetCapabilities unimplemented.
+    controller_caps: Option<Vec<String>>,
+    /// `None`: the driver does not serve NodeGetCapabilities.
+    node_caps: Option<Vec<String>>,
+}
+
+/// `info`: asks every service what it is and can do, then prints it.
 async fn info(c: &Clients) -> Result<Output, ClientError> {
-    use csi::plugin_capability::{service, volume_expansion, Type as PType};
+    let info = fetch_info(c).await?;
+    Ok(Output {
+        json: info_json(&info),
+        human: rows(&info_rows(&info)),
+    })
+}
+
+/// The RPCs behind `info`, in this order: GetPluginInfo,
+/// GetPluginCapabilities, NodeGetInfo, NodeGetCapabilities, and
+/// ControllerGetCapabilities only when the plugin has a controller service.
+async fn fetch_info(c: &Clients) -> Result<DriverInfo, ClientError> {
     let t = c.timeout;
     let mut id = c.identity.clone();
     let plugin = call(t, csi::GetPluginInfoRequest {}, |r| id.get_plugin_info(r))
@@ -728,29 +871,7 @@ async fn info(c: &Clients) -> Result<Output, ClientError> {
     })
     .await
     .map_err(ClientError::Rpc)?;
-    let mut has_controller = false;
-    let plugin_caps: Vec<String> = pcaps
-        .capabilities
-        .iter()
-        .map(|cap| match &cap.r#type {
-            Some(PType::Service(s)) => {
-                let name = enum_name(s.r#type, |v| {
-                    service::Type::try_from(v).ok().map(|t| t.as_str_name())
-                });
-                has_controller |= name == "CONTROLLER_SERVICE";
-                name
-            }
-            Some(PType::VolumeExpansion(e)) => format!(
-                "VOLUME_EXPANSION_{}",
-                enum_name(e.r#type, |v| {
-                    volume_expansion::Type::try_from(v)
-                        .ok()
-                        .map(|t| t.as_str_name())
-                })
-            ),
-            None => "UNKNOWN".to_owned(),
-        })
-        .collect();
+    let (plugin_caps, has_controller) = plugin_cap_names(&pcaps);
 
     let mut node = c.node.clone();
     let node_info = optional(call(t, csi::NodeGetInfoRequest {}, |r| node.node_get_info(r)).await)?;
@@ -773,7 +894,48 @@ async fn info(c: &Clients) -> Result<Output, ClientError> {
     } else {
         None
     };
+    Ok(DriverInfo {
+        plugin,
+        plugin_caps,
+        node_info,
+        controller_caps,
+        node_caps,
+    })
+}
 
+/// The capability names a driver's GetPluginCapabilities lists, and whether
+/// one of them is CONTROLLER_SERVICE.
+fn plugin_cap_names(r: &csi::GetPluginCapabilitiesResponse) -> (Vec<String>, bool) {
+    use csi::plugin_capability::{service, volume_expansion, Type as PType};
+    let mut has_controller = false;
+    let names = r
+        .capabilities
+        .iter()
+        .map(|cap| match &cap.r#type {
+            Some(PType::Service(s)) => {
+                let name = enum_name(s.r#type, |v| {
+                    service::Type::try_from(v).ok().map(|t| t.as_str_name())
+                });
+                has_controller |= name == "CONTROLLER_SERVICE";
+                name
+            }
+            Some(PType::VolumeExpansion(e)) => format!(
+                "VOLUME_EXPANSION_{}",
+                enum_name(e.r#type, |v| {
+                    volume_expansion::Type::try_from(v)
+                        .ok()
+                        .map(|t| t.as_str_name())
+                })
+            ),
+            None => "UNKNOWN".to_owned(),
+        })
+        .collect();
+    (names, has_controller)
+}
+
+/// `info`'s text form, one labelled row per fact.
+fn info_rows(info: &DriverInfo) -> Vec<(&'static str, String)> {
+    let plugin = &info.plugin;
     let mut lines = vec![
         ("driver", plugin.name.clone()),
         ("version", plugin.vendor_version.clone()),
@@ -781,8 +943,8 @@ async fn info(c: &Clients) -> Result<Output, ClientError> {
     if !plugin.manifest.is_empty() {
         lines.push(("manifest", segments_h(&plugin.manifest)));
     }
-    lines.push(("plugin capabilities", list_h(&plugin_caps)));
-    match &node_info {
+    lines.push(("plugin capabilities", list_h(&info.plugin_caps)));
+    match &info.node_info {
         Some(n) => {
             lines.push(("node id", n.node_id.clone()));
             lines.push((
@@ -801,34 +963,36 @@ async fn info(c: &Clients) -> Result<Output, ClientError> {
     }
     lines.push((
         "controller capabilities",
-        controller_caps
+        info.controller_caps
             .as_deref()
             .map_or_else(|| "no controller service".to_owned(), list_h),
     ));
     lines.push((
         "node capabilities",
-        node_caps
+        info.node_caps
             .as_deref()
             .map_or_else(|| "no node service".to_owned(), list_h),
     ));
-    let node_json = node_info.as_ref().map(|n| {
+    lines
+}
+
+/// `info`'s JSON form (fields as in the module docs).
+fn info_json(info: &DriverInfo) -> Value {
+    let node_json = info.node_info.as_ref().map(|n| {
         json!({
             "node_id": n.node_id,
             "max_volumes_per_node": n.max_volumes_per_node,
             "accessible_topology": n.accessible_topology.as_ref().map(|t| segments_json(&t.segments)),
         })
     });
-    Ok(Output {
-        json: json!({
-            "name": plugin.name,
-            "vendor_version": plugin.vendor_version,
-            "manifest": segments_json(&plugin.manifest),
-            "plugin_capabilities": plugin_caps,
-            "node": node_json,
-            "controller_capabilities": controller_caps,
-            "node_capabilities": node_caps,
-        }),
-        human: rows(&lines),
+    json!({
+        "name": info.plugin.name,
+        "vendor_version": info.plugin.vendor_version,
+        "manifest": segments_json(&info.plugin.manifest),
+        "plugin_capabilities": info.plugin_caps,
+        "node": node_json,
+        "controller_capabilities": info.controller_caps,
+        "node_capabilities": info.node_caps,
     })
 }
 

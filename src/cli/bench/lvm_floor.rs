@@ -231,6 +231,8 @@ fn timed(samples: &mut Samples, step: usize, start: Instant) {
     samples.steps[step].push(start.elapsed());
 }
 
+/// The floor lifecycle's steps in order, timing each under its CSI step name
+/// and recording in `done` what there is to undo if a later step fails.
 async fn steps(
     ctx: &Ctx,
     i: usize,
@@ -254,48 +256,15 @@ async fn steps(
     done.staging_dir = true;
 
     let start = Instant::now();
-    blockdev::mkfs_command(&p.dev, info.fs)
-        .run()
-        .await
-        .map_err(|e| e.to_string())?;
-    let (dev, staging, fs) = (p.dev.clone(), p.staging.clone(), info.fs);
-    sys(move || {
-        localvol::mount::mount_device(
-            &dev,
-            &staging,
-            fs.as_str(),
-            MountFlags::empty(),
-            fs.default_mount_data(),
-        )
-    })
-    .await?;
-    done.staged = true;
+    stage(p, info.fs, done).await?;
     timed(samples, STAGE, start);
 
     let start = Instant::now();
-    let target = p.target.clone();
-    sys(move || {
-        std::fs::create_dir(&target)
-            .map_err(|e| localvol::error::Error::io(format!("mkdir {target:?}"), e))
-    })
-    .await?;
-    done.target_dir = true;
-    let (staging, target) = (p.staging.clone(), p.target.clone());
-    sys(move || localvol::mount::bind(&staging, &target, MountFlags::empty())).await?;
-    done.published = true;
+    publish(p, done).await?;
     timed(samples, PUBLISH, start);
 
     let start = Instant::now();
-    let target = p.target.clone();
-    sys(move || localvol::mount::unmount(&target)).await?;
-    done.published = false;
-    let target = p.target.clone();
-    sys(move || {
-        std::fs::remove_dir(&target)
-            .map_err(|e| localvol::error::Error::io(format!("rmdir {target:?}"), e))
-    })
-    .await?;
-    done.target_dir = false;
+    unpublish(p, done).await?;
     timed(samples, UNPUBLISH, start);
 
     let start = Instant::now();
@@ -314,6 +283,57 @@ async fn steps(
     timed(samples, DELETE, start);
 
     samples.lifecycles.push(lifecycle.elapsed());
+    Ok(())
+}
+
+/// The Stage step's work: mkfs on the LV, then mount it on the staging dir.
+async fn stage(p: &Paths, fs: FsType, done: &mut Progress) -> Result<(), String> {
+    blockdev::mkfs_command(&p.dev, fs)
+        .run()
+        .await
+        .map_err(|e| e.to_string())?;
+    let (dev, staging) = (p.dev.clone(), p.staging.clone());
+    sys(move || {
+        localvol::mount::mount_device(
+            &dev,
+            &staging,
+            fs.as_str(),
+            MountFlags::empty(),
+            fs.default_mount_data(),
+        )
+    })
+    .await?;
+    done.staged = true;
+    Ok(())
+}
+
+/// The Publish step's work: mkdir the target, bind the staging dir onto it.
+async fn publish(p: &Paths, done: &mut Progress) -> Result<(), String> {
+    let target = p.target.clone();
+    sys(move || {
+        std::fs::create_dir(&target)
+            .map_err(|e| localvol::error::Error::io(format!("mkdir {target:?}"), e))
+    })
+    .await?;
+    done.target_dir = true;
+    let (staging, target) = (p.staging.clone(), p.target.clone());
+    sys(move || localvol::mount::bind(&staging, &target, MountFlags::empty())).await?;
+    done.published = true;
+    Ok(())
+}
+
+/// The Unpublish step's work: unmount the target, rmdir it.
+async fn unpublish(p: &Paths, done: &mut Progress) -> Result<(), String> {
+    let target = p.target.clone();
+    sys(move || localvol::mount::unmount(&target)).await?;
+    done.published = false;
+    let target = p.target.clone();
+    sys(move || {
+        std::fs::remove_dir(&target)
+            .map_err(|e| localvol::error::Error::io(format!("rmdir {target:?}"), e))
+    })
+    .await?;
+    done.target_dir = false;
     Ok(())
 }
 
