@@ -10,7 +10,7 @@ use super::{bytes, decode_capabilities, decode_params, rpc, to_i64, Capability, 
 use crate::csi;
 use crate::csi::controller_service_capability::{rpc::Type as RpcType, Rpc, Type as CapType};
 use crate::error::{Error, Result};
-use crate::ids::{truncate, ParsedId, VolumeId, VolumeName};
+use crate::ids::{truncate, ParsedId, PoolName, VolumeId, VolumeName};
 use crate::pool::{
     AccessType, CapacityRange, ContentSource, CreateRequest, Pool, Snapshot, SnapshotRequest,
     Volume,
@@ -21,6 +21,54 @@ pub struct ControllerService {
 }
 
 impl ControllerService {
+    /// The pool a new volume goes to: the one its parameters name, else its
+    /// content source's (a volume is made from content in its own pool
+    /// only), else the default pool. A source in a pool this node lacks
+    /// names nothing that exists here: NOT_FOUND.
+    fn pool_for(
+        &self,
+        named: Option<&PoolName>,
+        content: Option<&(&'static str, ParsedId)>,
+    ) -> Result<Arc<dyn Pool>> {
+        let d = &self.driver;
+        let source = match content {
+            Some((kind, ParsedId::Volume(src))) => Some((*kind, src)),
+            _ => None,
+        };
+        if let (Some((_, src)), Some(p)) = (source, named) {
+            if src.pool != *p {
+                return Err(Error::InvalidArgument(format!(
+                    "the content source is in pool {}; a volume can only be made from content in its own pool, not {p}",
+                    src.pool
+                )));
+            }
+        }
+        let pool_name = named
+            .cloned()
+            .or_else(|| source.map(|(_, src)| src.pool.clone()))
+            .unwrap_or_else(|| d.pools.default_pool().clone());
+        if let (Some((kind, src)), None, None) = (source, d.pools.get(&pool_name), named) {
+            return Err(Error::NotFound(format!("{kind} {src} does not exist")));
+        }
+        Ok(d.pools.require(&pool_name)?.clone())
+    }
+
+    /// ALREADY_EXISTS when the name is a volume in another pool of this node
+    /// (a name is one volume, whatever the pool).
+    async fn refuse_name_in_other_pools(&self, pool: &dyn Pool, name: &VolumeName) -> Result<()> {
+        for other in self.driver.pools.iter().filter(|p| p.name() != pool.name()) {
+            let other_id = VolumeId::new(other.name().clone(), name);
+            if other.get(&other_id).await?.is_some() {
+                return Err(Error::AlreadyExists(format!(
+                    "volume {:?} already exists in pool {}",
+                    name.as_str(),
+                    other.name()
+                )));
+            }
+        }
+        Ok(())
+    }
+
     /// UNIMPLEMENTED when no pool of this node takes snapshots (the
     /// capability is then not advertised either).
     fn snapshots_offered(&self) -> Result<()> {
@@ -127,6 +175,29 @@ fn decode_snapshot_params(params: &HashMap<String, String>) -> Result<Option<u64
     Ok(cow)
 }
 
+/// The content a new volume is made from, for `pool`: INVALID_ARGUMENT when
+/// the pool takes no snapshots, NOT_FOUND for an id that is not this
+/// driver's.
+fn content_source(
+    pool: &dyn Pool,
+    content: Option<(&'static str, ParsedId)>,
+) -> Result<Option<ContentSource>> {
+    match content {
+        None => Ok(None),
+        Some(_) if pool.snapshots().is_none() => Err(Error::InvalidArgument(format!(
+            "pool {} ({}) cannot create volumes from snapshots or other volumes",
+            pool.name(),
+            pool.backend()
+        ))),
+        Some((kind, ParsedId::Foreign(raw))) => Err(Error::NotFound(format!(
+            "{kind} {:?} does not exist",
+            truncate(&raw)
+        ))),
+        Some(("snapshot", ParsedId::Volume(src))) => Ok(Some(ContentSource::Snapshot(src))),
+        Some((_, ParsedId::Volume(src))) => Ok(Some(ContentSource::Volume(src))),
+    }
+}
+
 /// The request's content source: which kind, and its id.
 fn decode_content_source(
     src: Option<&csi::VolumeContentSource>,
@@ -211,56 +282,22 @@ impl csi::controller_server::Controller for ControllerService {
             let params = decode_params(&req.parameters)?;
             let content = decode_content_source(req.volume_content_source.as_ref())?;
             if !req.mutable_parameters.is_empty() {
-                return Err(Error::InvalidArgument("mutable_parameters are not supported".into()));
+                return Err(Error::InvalidArgument(
+                    "mutable_parameters are not supported".into(),
+                ));
             }
             let d = &self.driver;
-            // A volume made from content lives in its source's pool.
-            let source_pool = match &content {
-                Some((_, ParsedId::Volume(src))) => Some(src.pool.clone()),
-                _ => None,
-            };
-            if let (Some(sp), Some(p)) = (&source_pool, &params.pool) {
-                if sp != p {
-                    return Err(Error::InvalidArgument(format!(
-                        "the content source is in pool {sp}; a volume can only be made from content in its own pool, not {p}"
-                    )));
-                }
-            }
-            let pool_name = params
-                .pool
-                .clone()
-                .or(source_pool)
-                .unwrap_or_else(|| d.pools.default_pool().clone());
-            // A source in a pool this node lacks names nothing that exists here.
-            if let (Some((kind, ParsedId::Volume(src))), None) =
-                (&content, d.pools.get(&pool_name))
-            {
-                if params.pool.is_none() {
-                    return Err(Error::NotFound(format!("{kind} {src} does not exist")));
-                }
-            }
-            let pool = d.pools.require(&pool_name)?.clone();
+            let pool = self.pool_for(params.pool.as_ref(), content.as_ref())?;
             let access_type = access_type_of(&caps, pool.as_ref())?;
             self.check_topology(req.accessibility_requirements.as_ref())?;
-            let source = match content {
-                None => None,
-                Some(_) if pool.snapshots().is_none() => {
-                    return Err(Error::InvalidArgument(format!(
-                        "pool {} ({}) cannot create volumes from snapshots or other volumes",
-                        pool.name(),
-                        pool.backend()
-                    )))
-                }
-                Some((kind, ParsedId::Foreign(raw))) => {
-                    return Err(Error::NotFound(format!("{kind} {:?} does not exist", truncate(&raw))))
-                }
-                Some(("snapshot", ParsedId::Volume(src))) => Some(ContentSource::Snapshot(src)),
-                Some((_, ParsedId::Volume(src))) => Some(ContentSource::Volume(src)),
-            };
+            let source = content_source(pool.as_ref(), content)?;
+            let pool_name = pool.name().clone();
 
             let id = VolumeId::new(pool_name, &name);
             // The lock key is the name's hash, the same in every pool.
-            let _guard = d.locks.try_lock(id.key.as_str(), &format!("volume {:?}", name.as_str()))?;
+            let _guard = d
+                .locks
+                .try_lock(id.key.as_str(), &format!("volume {:?}", name.as_str()))?;
             // The source must not change or vanish while it is copied.
             let _source_guard = match &source {
                 Some(ContentSource::Snapshot(s) | ContentSource::Volume(s)) => {
@@ -268,16 +305,8 @@ impl csi::controller_server::Controller for ControllerService {
                 }
                 None => None,
             };
-            for other in d.pools.iter().filter(|p| p.name() != pool.name()) {
-                let other_id = VolumeId::new(other.name().clone(), &name);
-                if other.get(&other_id).await?.is_some() {
-                    return Err(Error::AlreadyExists(format!(
-                        "volume {:?} already exists in pool {}",
-                        name.as_str(),
-                        other.name()
-                    )));
-                }
-            }
+            self.refuse_name_in_other_pools(pool.as_ref(), &name)
+                .await?;
             let vol = pool
                 .create(&CreateRequest {
                     source,
@@ -291,7 +320,9 @@ impl csi::controller_server::Controller for ControllerService {
                 .await?;
             let mut volume = self.to_csi(&vol);
             volume.content_source = req.volume_content_source.clone();
-            Ok(csi::CreateVolumeResponse { volume: Some(volume) })
+            Ok(csi::CreateVolumeResponse {
+                volume: Some(volume),
+            })
         })
         .await
     }
