@@ -146,7 +146,7 @@ impl LvmPool {
         let src_id = match src {
             ContentSource::Snapshot(id) | ContentSource::Volume(id) => id.to_string(),
         };
-        let mut lv = self.lookup(&req.id.key).await?;
+        let lv = self.lookup(&req.id.key).await?;
         if let Some(lv) = &lv {
             self.check_restore_of(lv, req, &src_id)?;
             if !is_unfinished(lv) {
@@ -167,6 +167,36 @@ impl LvmPool {
             }
             Err(e) => return Err(e),
         };
+        let size = self.restore_size(req, src_size).await?;
+        let name = lv_name(&req.id.key);
+        let lv = match lv {
+            Some(lv) => lv,
+            None => {
+                self.start_restore(req, &src_id, &src_lv, src_size, size)
+                    .await?
+            }
+        };
+        if !is_unfinished(&lv) {
+            return self.restored_volume(&lv, req);
+        }
+        self.finish_restore(&lv, &src_lv, src_size, size, req)
+            .await?;
+        let lv = self
+            .lookup(&req.id.key)
+            .await?
+            .ok_or_else(|| Error::Internal(format!("LV {} vanished", self.lv_path(&name))))?;
+        if is_unfinished(&lv) {
+            return Err(Error::Internal(format!(
+                "LV {} is still marked unfinished after its create completed",
+                self.lv_path(&name)
+            )));
+        }
+        self.restored_volume(&lv, req)
+    }
+
+    /// The size of a restore or clone: what the request asks for, never less
+    /// than its source holds (OUT_OF_RANGE), the source's size by default.
+    async fn restore_size(&self, req: &CreateRequest, src_size: u64) -> Result<u64> {
         if req.range.limit > 0 && req.range.limit < src_size {
             return Err(Error::OutOfRange(format!(
                 "limit_bytes {} is smaller than the source ({src_size} bytes)",
@@ -179,32 +209,54 @@ impl LvmPool {
                 req.range.required
             )));
         }
-        let size = if req.range.required == 0 {
-            src_size
+        if req.range.required == 0 {
+            Ok(src_size)
         } else {
-            self.size_for(req.range).await?
-        };
+            self.size_for(req.range).await
+        }
+    }
+
+    /// Makes the LV of a restore or clone, hidden (tagged unfinished), after
+    /// checking there is room for it; one a create cut short already made
+    /// is taken as it is.
+    async fn start_restore(
+        &self,
+        req: &CreateRequest,
+        src_id: &str,
+        src_lv: &LvInfo,
+        src_size: u64,
+        size: u64,
+    ) -> Result<LvInfo> {
         let name = lv_name(&req.id.key);
-        if lv.is_none() {
-            let _alloc = self.alloc.lock().await;
-            let (ever, now) = self.limits().await?;
-            self.check_room(size, ever, now, &format!("volume {}", req.name.as_str()))?;
-            match lvm::change(self.create_from_args(req, &src_id, &src_lv, src_size, size)).await {
-                // AlreadyExists: an lvcreate of a create cut short got there
-                // first (it may still be running): finished below.
-                Ok(()) | Err(LvmError::AlreadyExists(_)) => {}
-                Err(e) => return Err(e.into()),
-            }
-            let made = self.lookup(&req.id.key).await?.ok_or_else(|| {
-                Error::Internal(format!("LV {} missing after lvcreate", self.lv_path(&name)))
-            })?;
-            self.check_restore_of(&made, req, &src_id)?;
-            lv = Some(made);
+        let _alloc = self.alloc.lock().await;
+        let (ever, now) = self.limits().await?;
+        self.check_room(size, ever, now, &format!("volume {}", req.name.as_str()))?;
+        match lvm::change(self.create_from_args(req, src_id, src_lv, src_size, size)).await {
+            // AlreadyExists: an lvcreate of a create cut short got there
+            // first (it may still be running): finished below.
+            Ok(()) | Err(LvmError::AlreadyExists(_)) => {}
+            Err(e) => return Err(e.into()),
         }
-        let mut lv = lv.expect("looked up or created above");
-        if !is_unfinished(&lv) {
-            return self.restored_volume(&lv, req);
-        }
+        let made = self.lookup(&req.id.key).await?.ok_or_else(|| {
+            Error::Internal(format!("LV {} missing after lvcreate", self.lv_path(&name)))
+        })?;
+        self.check_restore_of(&made, req, src_id)?;
+        Ok(made)
+    }
+
+    /// Finishes an unfinished restore or clone: activates it, copies the
+    /// source into it (thick: unless a copy from before a restart still
+    /// runs, ABORTED) or grows the thin snapshot to its size, then clears
+    /// the unfinished tag.
+    async fn finish_restore(
+        &self,
+        lv: &LvInfo,
+        src_lv: &LvInfo,
+        src_size: u64,
+        size: u64,
+        req: &CreateRequest,
+    ) -> Result<()> {
+        let name = lv_name(&req.id.key);
         if !lv.is_active() {
             self.activate_lv(&lv.name).await?;
         }
@@ -242,21 +294,11 @@ impl LvmPool {
         if lv.has_tag(TAG_CREATING) {
             if lv.size < size {
                 // Thin: the snapshot has its source's size.
-                self.grow_lv(&lv, size, &format!("volume {}", req.name.as_str()))
+                self.grow_lv(lv, size, &format!("volume {}", req.name.as_str()))
                     .await?;
             }
             lvm::delete_tag(&self.lv_path(&name), TAG_CREATING).await?;
         }
-        lv = self
-            .lookup(&req.id.key)
-            .await?
-            .ok_or_else(|| Error::Internal(format!("LV {} vanished", self.lv_path(&name))))?;
-        if is_unfinished(&lv) {
-            return Err(Error::Internal(format!(
-                "LV {} is still marked unfinished after its create completed",
-                self.lv_path(&name)
-            )));
-        }
-        self.restored_volume(&lv, req)
+        Ok(())
     }
 }
