@@ -169,6 +169,7 @@ impl Fx {
     fn expected_tags(&self, name: &str, access: &str) -> Vec<String> {
         let mut t = vec![
             "localvol".to_owned(),
+            "localvol.kind=volume".to_owned(),
             format!("localvol.access={access}"),
             format!("localvol.name={name}"),
             format!("localvol.pool={}", self.pool),
