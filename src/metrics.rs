@@ -18,7 +18,7 @@ use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
-use prometheus_client::registry::Registry;
+use prometheus_client::registry::{Metric, Registry};
 
 use crate::error::{IoContext, Result};
 use crate::pool::Pools;
@@ -68,101 +68,93 @@ struct ResultLabels {
     result: &'static str,
 }
 
+/// Registers `metric` under `name` and returns it (a handle on the same
+/// values).
+fn registered<M: Metric + Clone>(r: &mut Registry, name: &str, help: &str, metric: M) -> M {
+    r.register(name, help, metric.clone());
+    metric
+}
+
 impl Metrics {
     fn new() -> Self {
-        let mut registry = Registry::with_prefix("localvol");
-        let rpc_total = Family::<RpcLabels, Counter>::default();
-        registry.register(
-            "rpc_requests",
-            "CSI calls served, by method and gRPC code",
-            rpc_total.clone(),
-        );
-        let rpc_seconds = Family::<MethodLabels, Histogram>::new_with_constructor(|| {
-            // 100 µs to ~26 s.
-            Histogram::new(exponential_buckets(0.0001, 2.0, 19))
-        });
-        registry.register(
-            "rpc_duration_seconds",
-            "Time to serve a CSI call",
-            rpc_seconds.clone(),
-        );
-        let gauge = |reg: &mut Registry, name: &str, help: &str| {
-            let f = Family::<PoolLabels, Gauge>::default();
-            reg.register(name, help, f.clone());
-            f
+        let r = &mut Registry::with_prefix("localvol");
+        // 100 µs to ~26 s.
+        let rpc_histogram = || Histogram::new(exponential_buckets(0.0001, 2.0, 19));
+        let pool = |r: &mut Registry, name: &str, help: &str| {
+            registered(r, name, help, Family::<PoolLabels, Gauge>::default())
         };
-        let pool_capacity = gauge(
-            &mut registry,
-            "pool_capacity_bytes",
-            "Allocated plus free bytes of a pool",
-        );
-        let pool_allocated = gauge(
-            &mut registry,
-            "pool_allocated_bytes",
-            "Bytes promised to the pool's volumes",
-        );
-        let pool_free = gauge(
-            &mut registry,
-            "pool_free_bytes",
-            "Bytes a new volume can get now (GetCapacity)",
-        );
-        let pool_volumes = gauge(&mut registry, "pool_volumes", "Volumes in the pool");
-        let pool_ready = gauge(
-            &mut registry,
-            "pool_ready",
-            "1 when the pool passes its readiness check",
-        );
-        let volume_used = Family::<VolumeLabels, Gauge>::default();
-        registry.register(
-            "volume_quota_used_bytes",
-            "Bytes used by a quota-enforced volume",
-            volume_used.clone(),
-        );
-        let volume_limit = Family::<VolumeLabels, Gauge>::default();
-        registry.register(
-            "volume_quota_limit_bytes",
-            "Enforced size of a quota-enforced volume",
-            volume_limit.clone(),
-        );
-        let discovered = Counter::default();
-        registry.register(
-            "discovered_volumes",
-            "PersistentVolumes created by static discovery",
-            discovered.clone(),
-        );
-        let cleanups = Family::<ResultLabels, Counter>::default();
-        registry.register(
-            "cleanups",
-            "Cleanups of released static volumes, by result",
-            cleanups.clone(),
-        );
-        let cleanup_seconds = Histogram::new(exponential_buckets(0.01, 4.0, 12));
-        registry.register(
-            "cleanup_duration_seconds",
-            "Time to clean a released static volume",
-            cleanup_seconds.clone(),
-        );
-        let orphans = Gauge::default();
-        registry.register(
-            "orphan_volumes",
-            "Volumes of this node that no PersistentVolume refers to",
-            orphans.clone(),
-        );
+        let volume = |r: &mut Registry, name: &str, help: &str| {
+            registered(r, name, help, Family::<VolumeLabels, Gauge>::default())
+        };
         Metrics {
-            discovered,
-            cleanups,
-            cleanup_seconds,
-            orphans,
-            registry,
-            rpc_total,
-            rpc_seconds,
-            pool_capacity,
-            pool_allocated,
-            pool_free,
-            pool_volumes,
-            pool_ready,
-            volume_used,
-            volume_limit,
+            rpc_total: registered(
+                r,
+                "rpc_requests",
+                "CSI calls served, by method and gRPC code",
+                Family::default(),
+            ),
+            rpc_seconds: registered(
+                r,
+                "rpc_duration_seconds",
+                "Time to serve a CSI call",
+                Family::new_with_constructor(rpc_histogram),
+            ),
+            pool_capacity: pool(
+                r,
+                "pool_capacity_bytes",
+                "Allocated plus free bytes of a pool",
+            ),
+            pool_allocated: pool(
+                r,
+                "pool_allocated_bytes",
+                "Bytes promised to the pool's volumes",
+            ),
+            pool_free: pool(
+                r,
+                "pool_free_bytes",
+                "Bytes a new volume can get now (GetCapacity)",
+            ),
+            pool_volumes: pool(r, "pool_volumes", "Volumes in the pool"),
+            pool_ready: pool(
+                r,
+                "pool_ready",
+                "1 when the pool passes its readiness check",
+            ),
+            volume_used: volume(
+                r,
+                "volume_quota_used_bytes",
+                "Bytes used by a quota-enforced volume",
+            ),
+            volume_limit: volume(
+                r,
+                "volume_quota_limit_bytes",
+                "Enforced size of a quota-enforced volume",
+            ),
+            discovered: registered(
+                r,
+                "discovered_volumes",
+                "PersistentVolumes created by static discovery",
+                Counter::default(),
+            ),
+            cleanups: registered(
+                r,
+                "cleanups",
+                "Cleanups of released static volumes, by result",
+                Family::default(),
+            ),
+            cleanup_seconds: registered(
+                r,
+                "cleanup_duration_seconds",
+                "Time to clean a released static volume",
+                Histogram::new(exponential_buckets(0.01, 4.0, 12)),
+            ),
+            orphans: registered(
+                r,
+                "orphan_volumes",
+                "Volumes of this node that no PersistentVolume refers to",
+                Gauge::default(),
+            ),
+            registry: std::mem::take(r),
         }
     }
 }
@@ -394,6 +386,49 @@ mod tests {
             r#"localvol_pool_free_bytes{pool="test-only",backend="dir"} 4096"#,
         ] {
             assert!(out.contains(want), "{want} missing from:\n{out}");
+        }
+        // Every metric is registered, with its type (families show once
+        // they have a member).
+        let m = metrics();
+        for f in [
+            &m.pool_capacity,
+            &m.pool_allocated,
+            &m.pool_volumes,
+            &m.pool_ready,
+        ] {
+            f.get_or_create(&pool).set(1);
+        }
+        let vol = VolumeLabels {
+            pool: "test-only".into(),
+            volume: "test-only.0".into(),
+        };
+        for f in [&m.volume_used, &m.volume_limit] {
+            f.get_or_create(&vol).set(1);
+        }
+        m.cleanups
+            .get_or_create(&ResultLabels {
+                result: "test-only",
+            })
+            .inc();
+        let mut out = String::new();
+        prometheus_client::encoding::text::encode(&mut out, &m.registry).unwrap();
+        for want in [
+            "localvol_rpc_requests counter",
+            "localvol_rpc_duration_seconds histogram",
+            "localvol_pool_capacity_bytes gauge",
+            "localvol_pool_allocated_bytes gauge",
+            "localvol_pool_free_bytes gauge",
+            "localvol_pool_volumes gauge",
+            "localvol_pool_ready gauge",
+            "localvol_volume_quota_used_bytes gauge",
+            "localvol_volume_quota_limit_bytes gauge",
+            "localvol_discovered_volumes counter",
+            "localvol_cleanups counter",
+            "localvol_cleanup_duration_seconds histogram",
+            "localvol_orphan_volumes gauge",
+        ] {
+            let want = format!("# TYPE {want}");
+            assert!(out.contains(&want), "{want} missing from:\n{out}");
         }
     }
 }
