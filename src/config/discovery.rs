@@ -143,14 +143,18 @@ impl DiscoveryClass {
     }
 
     fn validate(&self) -> Result<()> {
-        let bad = |m: String| {
-            Err(Error::InvalidArgument(format!(
-                "discovery class {:?}: {m}",
-                self.storage_class
-            )))
-        };
+        self.check_names_and_paths()
+            .and_then(|()| self.check_modes())
+            .and_then(|()| self.check_cleanup())
+            .map_err(|m| {
+                Error::InvalidArgument(format!("discovery class {:?}: {m}", self.storage_class))
+            })
+    }
+
+    /// storageClass, hostDir, namePattern and labels.
+    fn check_names_and_paths(&self) -> std::result::Result<(), String> {
         if !is_dns_subdomain(&self.storage_class) {
-            return bad("storageClass is not a valid Kubernetes name".into());
+            return Err("storageClass is not a valid Kubernetes name".into());
         }
         if !self.host_dir.is_absolute()
             || self
@@ -159,47 +163,63 @@ impl DiscoveryClass {
                 .any(|c| matches!(c, Component::ParentDir | Component::CurDir))
             || self.host_dir.as_os_str().as_encoded_bytes().contains(&0)
         {
-            return bad(format!(
+            return Err(format!(
                 "hostDir {:?} must be absolute, without '.' or '..'",
                 self.host_dir
             ));
         }
         if self.host_dir.parent().is_none() {
-            return bad("hostDir may not be /".into());
+            return Err("hostDir may not be /".into());
         }
         if let Err(e) = glob::Pattern::new(&self.name_pattern) {
-            return bad(format!("namePattern {:?}: {e}", self.name_pattern));
+            return Err(format!("namePattern {:?}: {e}", self.name_pattern));
         }
         if self.name_pattern.contains('/') {
-            return bad("namePattern matches entry names and may not contain '/'".into());
+            return Err("namePattern matches entry names and may not contain '/'".into());
         }
-        if self.access_modes.is_empty() {
-            return bad("accessModes is empty".into());
-        }
-        for m in &self.access_modes {
-            if !ACCESS_MODES.contains(&m.as_str()) {
-                return bad(format!(
-                    "access mode {m:?} is not one of {}",
-                    ACCESS_MODES.join(", ")
-                ));
+        for (k, v) in &self.labels {
+            if !is_label_key(k) || !is_label_value(v) {
+                return Err(format!("label {k:?}={v:?} is not a valid Kubernetes label"));
             }
+        }
+        Ok(())
+    }
+
+    /// accessModes and fsType against volumeMode.
+    fn check_modes(&self) -> std::result::Result<(), String> {
+        if self.access_modes.is_empty() {
+            return Err("accessModes is empty".into());
+        }
+        if let Some(m) = self
+            .access_modes
+            .iter()
+            .find(|m| !ACCESS_MODES.contains(&m.as_str()))
+        {
+            return Err(format!(
+                "access mode {m:?} is not one of {}",
+                ACCESS_MODES.join(", ")
+            ));
         }
         match (&self.fs_type, self.volume_mode) {
-            (Some(_), VolumeMode::Block) => return bad("fsType applies to Filesystem only".into()),
+            (Some(_), VolumeMode::Block) => Err("fsType applies to Filesystem only".into()),
             (Some(f), _) if !is_label_value(f) || f.is_empty() => {
-                return bad(format!("fsType {f:?} is not a filesystem type name"))
+                Err(format!("fsType {f:?} is not a filesystem type name"))
             }
-            _ => {}
+            _ => Ok(()),
         }
+    }
+
+    /// The cleanup method against volumeMode, and its command.
+    fn check_cleanup(&self) -> std::result::Result<(), String> {
         match (self.cleanup.method, self.volume_mode) {
             (CleanupMethod::DeleteContents, VolumeMode::Block) => {
-                return bad("cleanup delete-contents needs volumeMode Filesystem".into())
+                return Err("cleanup delete-contents needs volumeMode Filesystem".into())
             }
             (
                 CleanupMethod::Blkdiscard | CleanupMethod::Zero | CleanupMethod::Shred,
                 VolumeMode::Filesystem,
             ) => {
-                return bad(format!(
+                return Err(format!(
                     "cleanup {:?} needs volumeMode Block",
                     self.cleanup.method
                 ))
@@ -207,26 +227,18 @@ impl DiscoveryClass {
             _ => {}
         }
         match (&self.cleanup.command, self.cleanup.method) {
-            (Some(c), CleanupMethod::Command) => {
-                if c.is_empty() || c[0].is_empty() {
-                    return bad("cleanup command is empty".into());
-                }
-                if c.iter().any(|a| a.contains('\0')) {
-                    return bad("cleanup command contains NUL".into());
-                }
+            (Some(c), CleanupMethod::Command) if c.is_empty() || c[0].is_empty() => {
+                Err("cleanup command is empty".into())
             }
-            (None, CleanupMethod::Command) => {
-                return bad("cleanup method command needs a command".into())
+            (Some(c), CleanupMethod::Command) if c.iter().any(|a| a.contains('\0')) => {
+                Err("cleanup command contains NUL".into())
             }
-            (Some(_), _) => return bad("cleanup command is only for method command".into()),
-            (None, _) => {}
+            (None, CleanupMethod::Command) => Err("cleanup method command needs a command".into()),
+            (Some(_), m) if m != CleanupMethod::Command => {
+                Err("cleanup command is only for method command".into())
+            }
+            _ => Ok(()),
         }
-        for (k, v) in &self.labels {
-            if !is_label_key(k) || !is_label_value(v) {
-                return bad(format!("label {k:?}={v:?} is not a valid Kubernetes label"));
-            }
-        }
-        Ok(())
     }
 }
 
