@@ -1,9 +1,10 @@
 //! `lvcreate` arguments for new volumes, restores and clones (built by
 //! [`lvm::lvcreate_args`], the one builder).
 
+use super::restore::Restore;
 use super::tags::*;
 use super::LvmPool;
-use crate::lvm::{self, LvInfo, NewLv};
+use crate::lvm::{self, NewLv};
 use crate::pool::CreateRequest;
 
 impl LvmPool {
@@ -29,14 +30,14 @@ impl LvmPool {
     /// `lvcreate` arguments for a volume made from `src_lv`: a thin snapshot
     /// (thin pools) or a new LV for a block copy (thick pools), each tagged
     /// as unfinished.
-    pub(super) fn create_from_args(
-        &self,
-        req: &CreateRequest,
-        src_id: &str,
-        src_lv: &LvInfo,
-        src_size: u64,
-        size: u64,
-    ) -> Vec<String> {
+    pub(super) fn create_from_args(&self, plan: &Restore) -> Vec<String> {
+        let Restore {
+            req,
+            src_id,
+            src_lv,
+            src_size,
+            size,
+        } = *plan;
         let mut tags = self.tags("volume", req.name.as_str(), req.access_type);
         tags.push(format!("{TAG_SOURCE}={src_id}"));
         if size > src_size {

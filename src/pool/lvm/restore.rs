@@ -71,6 +71,19 @@ pub(super) fn copy_running(proc: &Path, target: &str) -> bool {
     })
 }
 
+/// A restore or clone being made: the request, its source and the size.
+#[derive(Clone, Copy)]
+pub(super) struct Restore<'a> {
+    pub req: &'a CreateRequest,
+    /// The content source's id (`<pool>.<key>`), recorded in a tag.
+    pub src_id: &'a str,
+    pub src_lv: &'a LvInfo,
+    /// Bytes of data the source holds (all of it is copied).
+    pub src_size: u64,
+    /// Size of the new volume (at least `src_size`).
+    pub size: u64,
+}
+
 impl LvmPool {
     /// The LV holding a content source, and the size of the data it holds.
     pub(super) async fn source_lv(&self, src: &ContentSource) -> Result<(LvInfo, u64)> {
@@ -169,18 +182,21 @@ impl LvmPool {
         };
         let size = self.restore_size(req, src_size).await?;
         let name = lv_name(&req.id.key);
+        let plan = Restore {
+            req,
+            src_id: &src_id,
+            src_lv: &src_lv,
+            src_size,
+            size,
+        };
         let lv = match lv {
             Some(lv) => lv,
-            None => {
-                self.start_restore(req, &src_id, &src_lv, src_size, size)
-                    .await?
-            }
+            None => self.start_restore(&plan).await?,
         };
         if !is_unfinished(&lv) {
             return self.restored_volume(&lv, req);
         }
-        self.finish_restore(&lv, &src_lv, src_size, size, req)
-            .await?;
+        self.finish_restore(&lv, &plan).await?;
         let lv = self
             .lookup(&req.id.key)
             .await?
@@ -219,19 +235,13 @@ impl LvmPool {
     /// Makes the LV of a restore or clone, hidden (tagged unfinished), after
     /// checking there is room for it; one a create cut short already made
     /// is taken as it is.
-    async fn start_restore(
-        &self,
-        req: &CreateRequest,
-        src_id: &str,
-        src_lv: &LvInfo,
-        src_size: u64,
-        size: u64,
-    ) -> Result<LvInfo> {
+    async fn start_restore(&self, plan: &Restore<'_>) -> Result<LvInfo> {
+        let Restore { req, size, .. } = *plan;
         let name = lv_name(&req.id.key);
         let _alloc = self.alloc.lock().await;
         let (ever, now) = self.limits().await?;
         self.check_room(size, ever, now, &format!("volume {}", req.name.as_str()))?;
-        match lvm::change(self.create_from_args(req, src_id, src_lv, src_size, size)).await {
+        match lvm::change(self.create_from_args(plan)).await {
             // AlreadyExists: an lvcreate of a create cut short got there
             // first (it may still be running): finished below.
             Ok(()) | Err(LvmError::AlreadyExists(_)) => {}
@@ -240,7 +250,7 @@ impl LvmPool {
         let made = self.lookup(&req.id.key).await?.ok_or_else(|| {
             Error::Internal(format!("LV {} missing after lvcreate", self.lv_path(&name)))
         })?;
-        self.check_restore_of(&made, req, src_id)?;
+        self.check_restore_of(&made, req, plan.src_id)?;
         Ok(made)
     }
 
@@ -248,14 +258,14 @@ impl LvmPool {
     /// source into it (thick: unless a copy from before a restart still
     /// runs, ABORTED) or grows the thin snapshot to its size, then clears
     /// the unfinished tag.
-    async fn finish_restore(
-        &self,
-        lv: &LvInfo,
-        src_lv: &LvInfo,
-        src_size: u64,
-        size: u64,
-        req: &CreateRequest,
-    ) -> Result<()> {
+    async fn finish_restore(&self, lv: &LvInfo, plan: &Restore<'_>) -> Result<()> {
+        let Restore {
+            req,
+            src_lv,
+            src_size,
+            size,
+            ..
+        } = *plan;
         let name = lv_name(&req.id.key);
         if !lv.is_active() {
             self.activate_lv(&lv.name).await?;
