@@ -71,8 +71,10 @@ upstream-sanity:
 # dir pool, a thick and a thin LVM pool in that same boot (vm/guest-csi-sanity;
 # CI, CSI_SANITY and CSI_SANITY_ARGS pass into the guest). The driver and the test binaries are
 # copied to a private dir first, so a concurrent build cannot replace them
-# under the running guest. The guest sees the host's / read-only; its /tmp is
-# its own tmpfs. Fails if the guest does not boot (vm/run: 124/125).
+# under the running guest; so is csi-sanity (found on the host: the guest may
+# not see ../shared, e.g. for a checkout below /tmp). The guest sees the
+# host's / read-only; its /tmp is its own tmpfs. Fails if the guest does not
+# boot (vm/run: 124/125).
 VM_TESTS        ?= $(sort $(basename $(notdir $(wildcard sanity-tests/tests/vm_*.rs))))
 # Whole VM run, all binaries (a safety net: vm/run kills the guest and exits 124).
 VM_TEST_TIMEOUT ?= 1800
@@ -95,6 +97,9 @@ test-vm:
 	[ -x "$$dir/localvol" ] || { echo "test-vm: no localvol binary was built" >&2; exit 1; }; \
 	tests=$$(cd "$$dir" && ls | grep -E '^vm_[a-z0-9_]+-[0-9a-f]+$$' | sed "s|^|$$dir/|"); \
 	[ -n "$$tests" ] || { echo "test-vm: no vm_* test binaries were built" >&2; exit 1; }; \
+	if sanity=$$(sanity-tests/upstream/find-csi-sanity); then \
+		cp "$$sanity" "$$dir/csi-sanity"; export CSI_SANITY="$$dir/csi-sanity"; \
+	fi; \
 	start=$$(date +%s); \
 	rc=0; \
 	LOCALVOL_BIN="$$dir/localvol" VM_PASS_ENV="LOCALVOL_BIN RUST_LOG CI CSI_SANITY CSI_SANITY_ARGS" \
