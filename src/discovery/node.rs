@@ -21,7 +21,7 @@ use super::{DiscoveryConfig, StaticHandle};
 use crate::error::{blocking, Error, Result};
 use crate::ids::{PoolName, VolumeId, VolumeKey};
 use crate::pool::{
-    AccessType, Capacity, CapacityRange, CreateRequest, Expanded, Pool, Source, Volume,
+    AccessType, Capacity, CapacityRange, CreateRequest, Expanded, NodeSide, Pool, Source, Volume,
 };
 
 /// Pool name static volumes report (never registered in [`crate::pool::Pools`]).
@@ -152,6 +152,10 @@ impl Pool for StaticPool {
     async fn capacity(&self) -> Result<Capacity> {
         Ok(Capacity::default())
     }
+}
+
+#[async_trait]
+impl NodeSide for StaticPool {
     fn source(&self, vol: &Volume) -> Result<Source> {
         let path = vol
             .parameters

@@ -36,7 +36,8 @@ use std::time::{SystemTime, UNIX_EPOCH};
 use async_trait::async_trait;
 
 use super::{
-    AccessType, Capacity, CapacityRange, CreateRequest, Expanded, Pool, Source, Usage, Volume,
+    AccessType, Capacity, CapacityRange, CreateRequest, Expanded, NodeSide, Pool, Source, Usage,
+    Volume,
 };
 use crate::config::{DirPoolConfig, QuotaMode, DEFAULT_VOLUME_SIZE};
 use crate::error::{blocking, Error, IoContext, Result};
@@ -681,7 +682,10 @@ impl Pool for DirPool {
             maximum_volume_size: free,
         })
     }
+}
 
+#[async_trait]
+impl NodeSide for DirPool {
     fn source(&self, vol: &Volume) -> Result<Source> {
         let key = vol
             .id

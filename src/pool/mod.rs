@@ -197,41 +197,17 @@ pub fn matches_request(
     }
 }
 
+/// What the node side needs of a volume's pool: where its data is, how to
+/// make it usable here, and its health and usage for NodeGetVolumeStats.
+/// Every pool is one ([`Pool`] requires it); the defaults are what a pool
+/// without devices does (nothing to activate, no backend figures).
 #[async_trait]
-pub trait Pool: Send + Sync {
-    fn name(&self) -> &PoolName;
-    /// Short backend name for logs and `client capacity` (`dir`, `lvm`).
-    fn backend(&self) -> &'static str;
-    fn supports(&self, access: AccessType) -> bool;
-    /// Whether expansion happens in NodeExpandVolume (the node holds the
-    /// device) rather than in ControllerExpandVolume.
-    fn expands_on_node(&self) -> bool {
-        false
-    }
+pub trait NodeSide: Send + Sync {
+    /// Where the data of a volume of this pool lives on the node.
+    fn source(&self, vol: &Volume) -> Result<Source>;
     /// Filesystem for a mount volume whose capability names none.
     fn default_fs_type(&self) -> Option<FsType> {
         None
-    }
-    /// Ready to serve (used by Probe).
-    async fn check(&self) -> Result<()>;
-    /// Creates the volume, or returns it when an identical request already did.
-    /// ALREADY_EXISTS when a volume with this id exists but does not match.
-    async fn create(&self, req: &CreateRequest) -> Result<Volume>;
-    /// Deletes the volume; a volume that does not exist is not an error.
-    async fn delete(&self, id: &VolumeId) -> Result<()>;
-    async fn expand(&self, id: &VolumeId, range: CapacityRange) -> Result<Expanded>;
-    async fn get(&self, id: &VolumeId) -> Result<Option<Volume>>;
-    async fn list(&self) -> Result<Vec<Volume>>;
-    async fn capacity(&self) -> Result<Capacity>;
-    /// Where the data of a volume of this pool lives on the node.
-    fn source(&self, vol: &Volume) -> Result<Source>;
-    /// The volume's own usage figures, when the backend enforces a size.
-    async fn usage(&self, _vol: &Volume) -> Result<Option<Usage>> {
-        Ok(None)
-    }
-    /// Why the volume is unhealthy, as far as the backend can tell.
-    async fn condition(&self, _vol: &Volume) -> Result<Option<String>> {
-        Ok(None)
     }
     /// The device a volume of this pool is on, from its id alone, for node
     /// calls that need nothing else (unstage, unpublish: the mount table
@@ -248,6 +224,40 @@ pub trait Pool: Send + Sync {
     async fn filesystem_grown(&self, _vol: &Volume) -> Result<()> {
         Ok(())
     }
+    /// The volume's own usage figures, when the backend enforces a size.
+    async fn usage(&self, _vol: &Volume) -> Result<Option<Usage>> {
+        Ok(None)
+    }
+    /// Why the volume is unhealthy, as far as the backend can tell.
+    async fn condition(&self, _vol: &Volume) -> Result<Option<String>> {
+        Ok(None)
+    }
+}
+
+/// A pool's volumes as the controller side sees them: create, delete,
+/// expand, list, capacity, and snapshots where it takes them.
+#[async_trait]
+pub trait Pool: NodeSide {
+    fn name(&self) -> &PoolName;
+    /// Short backend name for logs and `client capacity` (`dir`, `lvm`).
+    fn backend(&self) -> &'static str;
+    fn supports(&self, access: AccessType) -> bool;
+    /// Whether expansion happens in NodeExpandVolume (the node holds the
+    /// device) rather than in ControllerExpandVolume.
+    fn expands_on_node(&self) -> bool {
+        false
+    }
+    /// Ready to serve (used by Probe).
+    async fn check(&self) -> Result<()>;
+    /// Creates the volume, or returns it when an identical request already did.
+    /// ALREADY_EXISTS when a volume with this id exists but does not match.
+    async fn create(&self, req: &CreateRequest) -> Result<Volume>;
+    /// Deletes the volume; a volume that does not exist is not an error.
+    async fn delete(&self, id: &VolumeId) -> Result<()>;
+    async fn expand(&self, id: &VolumeId, range: CapacityRange) -> Result<Expanded>;
+    async fn get(&self, id: &VolumeId) -> Result<Option<Volume>>;
+    async fn list(&self) -> Result<Vec<Volume>>;
+    async fn capacity(&self) -> Result<Capacity>;
     /// Snapshots, restores and clones, for a pool that takes them (None:
     /// the pool offers none; callers answer for that themselves).
     fn snapshots(&self) -> Option<&dyn Snapshots> {

@@ -24,8 +24,8 @@ use std::sync::{Arc, Mutex};
 use async_trait::async_trait;
 
 use super::{
-    AccessType, Capacity, CapacityRange, CreateRequest, Expanded, Pool, Snapshot, SnapshotRequest,
-    Snapshots, Source, Usage, Volume,
+    AccessType, Capacity, CapacityRange, CreateRequest, Expanded, NodeSide, Pool, Snapshot,
+    SnapshotRequest, Snapshots, Source, Usage, Volume,
 };
 use crate::blockdev::FsType;
 use crate::config::{LvmPoolConfig, DEFAULT_VOLUME_SIZE};
@@ -170,10 +170,6 @@ impl Pool for LvmPool {
 
     fn expands_on_node(&self) -> bool {
         true
-    }
-
-    fn default_fs_type(&self) -> Option<FsType> {
-        Some(self.default_fs)
     }
 
     async fn check(&self) -> Result<()> {
@@ -381,6 +377,17 @@ impl Pool for LvmPool {
         })
     }
 
+    fn snapshots(&self) -> Option<&dyn Snapshots> {
+        Some(self)
+    }
+}
+
+#[async_trait]
+impl NodeSide for LvmPool {
+    fn default_fs_type(&self) -> Option<FsType> {
+        Some(self.default_fs)
+    }
+
     fn source(&self, vol: &Volume) -> Result<Source> {
         let key = vol
             .id
@@ -402,10 +409,6 @@ impl Pool for LvmPool {
             total_bytes: vol.size_bytes,
             ..Usage::default()
         }))
-    }
-
-    fn snapshots(&self) -> Option<&dyn Snapshots> {
-        Some(self)
     }
 
     fn device_of(&self, id: &VolumeId) -> Option<PathBuf> {
