@@ -10,7 +10,12 @@ use std::os::fd::AsRawFd;
 use std::path::Path;
 
 use crate::command::{Cmd, CommandError};
-use crate::error::{Error, IoContext, Result};
+use crate::error::{IoContext, IoError};
+
+/// A filesystem name the driver does not make.
+#[derive(Debug, thiserror::Error)]
+#[error("filesystem {0:?} is not supported (ext4 or xfs)")]
+pub struct UnknownFs(pub String);
 
 /// Filesystems the driver creates and grows.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -20,13 +25,11 @@ pub enum FsType {
 }
 
 impl FsType {
-    pub fn parse(s: &str) -> Result<Self> {
+    pub fn parse(s: &str) -> Result<Self, UnknownFs> {
         match s {
             "ext4" => Ok(FsType::Ext4),
             "xfs" => Ok(FsType::Xfs),
-            other => Err(Error::InvalidArgument(format!(
-                "filesystem {other:?} is not supported (ext4 or xfs)"
-            ))),
+            other => Err(UnknownFs(crate::ids::truncate(other))),
         }
     }
     pub fn as_str(self) -> &'static str {
@@ -75,7 +78,7 @@ pub fn parse_blkid_export(out: &str) -> Content {
 }
 
 /// Probes a device's content. blkid exits 2 when it finds nothing.
-pub async fn probe(dev: &Path) -> Result<Content> {
+pub async fn probe(dev: &Path) -> Result<Content, CommandError> {
     let res = Cmd::new("blkid")
         .args(["-p", "-o", "export"])
         .arg(dev)
@@ -84,7 +87,7 @@ pub async fn probe(dev: &Path) -> Result<Content> {
     match res {
         Ok(out) => Ok(parse_blkid_export(&out.stdout)),
         Err(CommandError::Failed { code: Some(2), .. }) => Ok(Content::Empty),
-        Err(e) => Err(e.into()),
+        Err(e) => Err(e),
     }
 }
 
@@ -92,7 +95,7 @@ pub async fn probe(dev: &Path) -> Result<Content> {
 /// the device blank; otherwise returns what is there, untouched. Existing data
 /// is never overwritten, and the one probe serves both the decision and the
 /// caller's view of the content.
-pub async fn format_if_blank(dev: &Path, fs: FsType) -> Result<Content> {
+pub async fn format_if_blank(dev: &Path, fs: FsType) -> Result<Content, CommandError> {
     match probe(dev).await? {
         Content::Empty => {
             mkfs_command(dev, fs).run().await?;
@@ -115,7 +118,7 @@ pub fn mkfs_command(dev: &Path, fs: FsType) -> Cmd {
 }
 
 /// Grows a mounted filesystem to fill its (already larger) device.
-pub async fn grow_fs(dev: &Path, mount_point: &Path, fs: FsType) -> Result<()> {
+pub async fn grow_fs(dev: &Path, mount_point: &Path, fs: FsType) -> Result<(), CommandError> {
     let cmd = match fs {
         FsType::Ext4 => Cmd::new("resize2fs").arg(dev),
         FsType::Xfs => Cmd::new("xfs_growfs").arg(mount_point),
@@ -129,7 +132,7 @@ pub async fn grow_fs(dev: &Path, mount_point: &Path, fs: FsType) -> Result<()> {
 nix::ioctl_read!(blkgetsize64, 0x12, 114, u64);
 
 /// Size of a block device in bytes (blocking).
-pub fn device_size(dev: &Path) -> Result<u64> {
+pub fn device_size(dev: &Path) -> Result<u64, IoError> {
     let f = File::open(dev).ctx(|| format!("opening {dev:?}"))?;
     let mut size = 0u64;
     // SAFETY: BLKGETSIZE64 writes one u64 to the pointer.

@@ -8,10 +8,32 @@ use std::sync::Arc;
 
 use crate::config::Config;
 use crate::discovery::node::StaticPool;
-use crate::error::{blocking, Error, Result};
-use crate::ids::{check_node_id, truncate, ParsedId, VolumeId};
-use crate::locks::{VolumeGuard, VolumeLocks};
-use crate::pool::{Pool, Pools, Volume};
+use crate::discovery::StaticError;
+use crate::error::blocking;
+use crate::ids::{check_node_id, truncate, InvalidName, ParsedId, VolumeId};
+use crate::locks::{Busy, VolumeGuard, VolumeLocks};
+use crate::pool::{Pool, PoolError, Pools, Volume};
+
+/// What went wrong opening the driver, finding a volume or taking its lock.
+#[derive(Debug, thiserror::Error)]
+pub enum DriverError {
+    #[error("volume {id:?} does not exist on node {node}")]
+    VolumeNotFound { id: String, node: String },
+    #[error("kubelet dir {0:?} must be absolute")]
+    RelativeKubeletDir(PathBuf),
+    #[error(transparent)]
+    Name(#[from] InvalidName),
+    #[error(transparent)]
+    Busy(#[from] Busy),
+    #[error(transparent)]
+    Pool(#[from] PoolError),
+    #[error(transparent)]
+    Static(#[from] StaticError),
+    #[error(transparent)]
+    Io(#[from] crate::error::IoError),
+}
+
+type Result<T, E = DriverError> = std::result::Result<T, E>;
 
 pub use crate::ids::TOPOLOGY_KEY;
 
@@ -45,17 +67,14 @@ impl Driver {
     pub async fn open(who: &Identity, config: &Config) -> Result<Arc<Driver>> {
         check_node_id(&who.node_id)?;
         if !who.kubelet_dir.is_absolute() {
-            return Err(Error::InvalidArgument(format!(
-                "kubelet dir {:?} must be absolute",
-                who.kubelet_dir
-            )));
+            return Err(DriverError::RelativeKubeletDir(who.kubelet_dir.clone()));
         }
         let pools = Pools::open(config).await?;
         let statics = match config.discovery.clone() {
             Some(d) => Some(Arc::new(
                 blocking(move || {
                     let state = d.state_dir.clone();
-                    StaticPool::open(d, &state)
+                    Ok::<_, DriverError>(StaticPool::open(d, &state)?)
                 })
                 .await?,
             )),
@@ -108,13 +127,13 @@ impl Driver {
 
     /// Takes the volume's operation lock (ABORTED while another operation on
     /// it runs); released when the guard drops.
-    pub fn lock_volume(&self, id: &VolumeId) -> Result<VolumeGuard> {
+    pub fn lock_volume(&self, id: &VolumeId) -> Result<VolumeGuard, Busy> {
         self.locks
             .try_lock(id.key.as_str(), &format!("volume {id}"))
     }
 
     /// Like [`Driver::lock_volume`], for a snapshot.
-    pub fn lock_snapshot(&self, id: &VolumeId) -> Result<VolumeGuard> {
+    pub fn lock_snapshot(&self, id: &VolumeId) -> Result<VolumeGuard, Busy> {
         self.locks
             .try_lock(id.key.as_str(), &format!("snapshot {id}"))
     }
@@ -122,7 +141,11 @@ impl Driver {
     /// For unstage and unpublish: the id and device of a volume whose pool
     /// names its device from the id alone (LVM), saving a lookup (an `lvs`
     /// run). `Ok(None)`: use [`Driver::find`]. Bad ids are INVALID_ARGUMENT.
-    pub fn device_of(&self, what: &str, raw: &str) -> Result<Option<(VolumeId, PathBuf)>> {
+    pub fn device_of(
+        &self,
+        what: &str,
+        raw: &str,
+    ) -> Result<Option<(VolumeId, PathBuf)>, InvalidName> {
         let ParsedId::Volume(id) = VolumeId::parse(what, raw)? else {
             return Ok(None);
         };
@@ -136,13 +159,12 @@ impl Driver {
         what: &str,
         raw: &str,
     ) -> Result<(VolumeId, Arc<dyn Pool>, Volume)> {
-        self.find(what, raw).await?.ok_or_else(|| {
-            Error::NotFound(format!(
-                "volume {:?} does not exist on node {}",
-                truncate(raw),
-                self.node_id
-            ))
-        })
+        self.find(what, raw)
+            .await?
+            .ok_or_else(|| DriverError::VolumeNotFound {
+                id: truncate(raw),
+                node: self.node_id.clone(),
+            })
     }
 }
 

@@ -16,8 +16,58 @@ use nix::fcntl::{openat, renameat, renameat2, OFlag, RenameFlags, AT_FDCWD};
 use nix::sys::stat::{fstat, fstatat, Mode, SFlag};
 use nix::unistd::{unlinkat, UnlinkatFlags};
 
-use crate::error::{Error, IoContext, Result};
+use crate::error::{IoContext, IoError};
 use crate::ids::truncate;
+
+/// What went wrong in a filesystem primitive.
+#[derive(Debug, thiserror::Error)]
+pub enum FsError {
+    #[error(transparent)]
+    Io(#[from] IoError),
+    /// Something other than a directory sits where one must be.
+    #[error("{path:?} exists and is not a directory")]
+    NotADirectory { path: PathBuf },
+    /// A tree to remove holds a mount point: never removed through.
+    #[error("{path:?} is on another filesystem (a mount point); refusing to remove it")]
+    MountPointInside { path: PathBuf },
+    /// A path the driver built has no parent folder (a bug).
+    #[error("{path:?} has no parent")]
+    NoParent { path: PathBuf },
+    /// Sixteen unique names were all taken (a bug or a hostile folder).
+    #[error("no free name in {dir:?} to retire {path:?}")]
+    NoFreeName { dir: PathBuf, path: PathBuf },
+}
+
+/// Why a path from a request was refused. Every one is bad input, except
+/// [`PathError::Io`] (the walk itself failed).
+#[derive(Debug, thiserror::Error)]
+pub enum PathError {
+    #[error("{what} is required")]
+    Required { what: &'static str },
+    #[error("{what} {path:?} is too long or contains NUL")]
+    TooLong { what: &'static str, path: String },
+    #[error("{what} {path:?} has a component of {len} bytes (at most {MAX_NAME_LEN})")]
+    ComponentTooLong {
+        what: &'static str,
+        path: String,
+        len: usize,
+    },
+    #[error("{what} {path:?} contains '.' or '..'")]
+    DotSegment { what: &'static str, path: String },
+    /// Relative, or absolute but not below the kubelet directory.
+    #[error("{0}")]
+    Elsewhere(String),
+    #[error("{what} {path:?} goes through the symlink {link:?}; symlinks are not followed")]
+    Symlink {
+        what: &'static str,
+        path: PathBuf,
+        link: PathBuf,
+    },
+    #[error(transparent)]
+    Io(#[from] IoError),
+}
+
+type Result<T, E = FsError> = std::result::Result<T, E>;
 
 /// Longest path accepted from a request.
 pub const MAX_PATH_LEN: usize = 4096;
@@ -31,7 +81,7 @@ static TMP_COUNTER: AtomicU64 = AtomicU64::new(0);
 pub fn write_atomic(path: &Path, data: &[u8]) -> Result<()> {
     let dir = path
         .parent()
-        .ok_or_else(|| Error::Internal(format!("{path:?} has no parent")))?;
+        .ok_or_else(|| FsError::NoParent { path: path.into() })?;
     let name = path
         .file_name()
         .and_then(|n| n.to_str())
@@ -67,7 +117,7 @@ pub fn write_atomic(path: &Path, data: &[u8]) -> Result<()> {
 pub fn write_atomic_reusing(path: &Path, data: &[u8], spare: &Path) -> Result<()> {
     let dir = path
         .parent()
-        .ok_or_else(|| Error::Internal(format!("{path:?} has no parent")))?;
+        .ok_or_else(|| FsError::NoParent { path: path.into() })?;
     let f = match OpenOptions::new()
         .write(true)
         .custom_flags(libc::O_NOFOLLOW)
@@ -124,19 +174,22 @@ pub fn retire_file(path: &Path, to_dir: &Path) -> Result<Option<PathBuf>> {
             Err(nix::errno::Errno::EINVAL | nix::errno::Errno::EXDEV) => {
                 return remove_file_durable(path).map(|()| None)
             }
-            Err(e) => return Err(Error::io(format!("renaming {path:?} to {to:?}"), e.into())),
+            Err(e) => {
+                return Err(IoError::new(format!("renaming {path:?} to {to:?}"), e.into()).into())
+            }
         }
     }
-    Err(Error::Internal(format!(
-        "no free name in {to_dir:?} to retire {path:?}"
-    )))
+    Err(FsError::NoFreeName {
+        dir: to_dir.into(),
+        path: path.into(),
+    })
 }
 
 /// Makes a rename, creation or removal inside `dir` durable.
 pub fn sync_dir(dir: &Path) -> Result<()> {
-    fs::File::open(dir)
+    Ok(fs::File::open(dir)
         .and_then(|d| d.sync_all())
-        .ctx(|| format!("syncing directory {dir:?}"))
+        .ctx(|| format!("syncing directory {dir:?}"))?)
 }
 
 /// Removes a file and makes the removal durable; a missing file is fine.
@@ -144,7 +197,7 @@ pub fn remove_file_durable(path: &Path) -> Result<()> {
     match fs::remove_file(path) {
         Ok(()) => sync_dir(path.parent().unwrap_or(Path::new("/"))),
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
-        Err(e) => Err(Error::io(format!("removing {path:?}"), e)),
+        Err(e) => Err(IoError::new(format!("removing {path:?}"), e).into()),
     }
 }
 
@@ -156,15 +209,14 @@ pub fn ensure_dir(path: &Path, mode: u32) -> Result<()> {
         Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
             let md = fs::symlink_metadata(path).ctx(|| format!("inspecting {path:?}"))?;
             if !md.is_dir() {
-                return Err(Error::FailedPrecondition(format!(
-                    "{path:?} exists and is not a directory"
-                )));
+                return Err(FsError::NotADirectory { path: path.into() });
             }
             return Ok(());
         }
-        Err(e) => return Err(Error::io(format!("creating directory {path:?}"), e)),
+        Err(e) => return Err(IoError::new(format!("creating directory {path:?}"), e).into()),
     }
-    fs::set_permissions(path, fs::Permissions::from_mode(mode)).ctx(|| format!("chmod {path:?}"))
+    Ok(fs::set_permissions(path, fs::Permissions::from_mode(mode))
+        .ctx(|| format!("chmod {path:?}"))?)
 }
 
 /// Depth after which [`clear_dir`] flattens a tree instead of descending, so a
@@ -172,13 +224,13 @@ pub fn ensure_dir(path: &Path, mode: u32) -> Result<()> {
 const MAX_DEPTH: usize = 32;
 
 fn open_dir_at(parent: impl AsFd, name: &Path) -> Result<OwnedFd> {
-    openat(
+    Ok(openat(
         parent,
         name,
         OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC,
         Mode::empty(),
     )
-    .ctx(|| format!("opening directory {name:?}"))
+    .ctx(|| format!("opening directory {name:?}"))?)
 }
 
 /// Removes everything inside `dir` but not `dir` itself. Never follows a symlink
@@ -205,23 +257,21 @@ pub fn remove_tree(dir: &Path) -> Result<()> {
     }
     match fs::symlink_metadata(dir) {
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
-        Err(e) => return Err(Error::io(format!("inspecting {dir:?}"), e)),
-        Ok(md) if !md.is_dir() => {
-            return Err(Error::FailedPrecondition(format!(
-                "{dir:?} is not a directory; not removing it"
-            )))
-        }
+        Err(e) => return Err(IoError::new(format!("inspecting {dir:?}"), e).into()),
+        Ok(md) if !md.is_dir() => return Err(FsError::NotADirectory { path: dir.into() }),
         Ok(_) => {}
     }
     clear_dir(dir)?;
-    fs::remove_dir(dir).ctx(|| format!("removing directory {dir:?}"))
+    Ok(fs::remove_dir(dir).ctx(|| format!("removing directory {dir:?}"))?)
 }
 
-fn annotate(e: Error, dir: &Path) -> Error {
+fn annotate(e: FsError, dir: &Path) -> FsError {
     match e {
-        Error::Io { context, source } => Error::Io {
-            context: format!("clearing {dir:?}: {context}"),
-            source,
+        FsError::Io(IoError { context, source }) => {
+            FsError::Io(IoError::new(format!("clearing {dir:?}: {context}"), source))
+        }
+        FsError::MountPointInside { path } => FsError::MountPointInside {
+            path: dir.join(path),
         },
         other => other,
     }
@@ -249,13 +299,11 @@ fn clear_fd(fd: &OwnedFd, top: &OwnedFd, dev: libc::dev_t, depth: usize) -> Resu
         let st = match fstatat(fd, name.as_path(), nix::fcntl::AtFlags::AT_SYMLINK_NOFOLLOW) {
             Ok(st) => st,
             Err(nix::errno::Errno::ENOENT) => continue,
-            Err(e) => return Err(Error::io(format!("stat {name:?}"), e.into())),
+            Err(e) => return Err(IoError::new(format!("stat {name:?}"), e.into()).into()),
         };
         if SFlag::from_bits_truncate(st.st_mode) & SFlag::S_IFMT == SFlag::S_IFDIR {
             if st.st_dev != dev {
-                return Err(Error::FailedPrecondition(format!(
-                    "{name:?} is on another filesystem (a mount point); refusing to remove it"
-                )));
+                return Err(FsError::MountPointInside { path: name });
             }
             if depth >= MAX_DEPTH {
                 let n = TMP_COUNTER.fetch_add(1, Ordering::Relaxed);
@@ -266,9 +314,7 @@ fn clear_fd(fd: &OwnedFd, top: &OwnedFd, dev: libc::dev_t, depth: usize) -> Resu
             }
             let child = open_dir_at(fd, &name)?;
             if fstat(&child).ctx(|| format!("stat {name:?}"))?.st_dev != dev {
-                return Err(Error::FailedPrecondition(format!(
-                    "{name:?} is on another filesystem (a mount point); refusing to remove it"
-                )));
+                return Err(FsError::MountPointInside { path: name });
             }
             while !clear_fd(&child, top, dev, depth + 1)? {}
             unlinkat(fd, name.as_path(), UnlinkatFlags::RemoveDir)
@@ -276,7 +322,7 @@ fn clear_fd(fd: &OwnedFd, top: &OwnedFd, dev: libc::dev_t, depth: usize) -> Resu
         } else {
             match unlinkat(fd, name.as_path(), UnlinkatFlags::NoRemoveDir) {
                 Ok(()) | Err(nix::errno::Errno::ENOENT) => {}
-                Err(e) => return Err(Error::io(format!("unlink {name:?}"), e.into())),
+                Err(e) => return Err(IoError::new(format!("unlink {name:?}"), e.into()).into()),
             }
         }
     }
@@ -288,7 +334,7 @@ fn clear_fd(fd: &OwnedFd, top: &OwnedFd, dev: libc::dev_t, depth: usize) -> Resu
 /// `root`, so a mount can never land outside it. Components that do not exist
 /// yet are fine. (`root` itself may be a symlink: that is the operator's choice.)
 #[cfg(test)]
-fn check_request_path(what: &'static str, root: &Path, p: &str) -> Result<PathBuf> {
+fn check_request_path(what: &'static str, root: &Path, p: &str) -> Result<PathBuf, PathError> {
     RequestPath::parse(what, root, p)?.resolve()
 }
 
@@ -317,10 +363,10 @@ impl RequestPath {
     /// Everything but the filesystem walk: empty, too long (the whole path or
     /// one component), NUL, relative, `.`/`..`, or not below `root` are
     /// INVALID_ARGUMENT here.
-    pub fn parse(what: &'static str, root: &Path, p: &str) -> Result<RequestPath> {
+    pub fn parse(what: &'static str, root: &Path, p: &str) -> Result<RequestPath, PathError> {
         match Self::place(what, root, p)? {
             PathPlace::Below(rp) => Ok(rp),
-            PathPlace::Elsewhere(why) => Err(Error::InvalidArgument(why)),
+            PathPlace::Elsewhere(why) => Err(PathError::Elsewhere(why)),
         }
     }
 
@@ -329,28 +375,29 @@ impl RequestPath {
     /// INVALID_ARGUMENT; a well-formed path that cannot hold a volume of this
     /// driver is told apart, for the caller to answer NOT_FOUND once it knows
     /// the volume exists.
-    pub fn place(what: &'static str, root: &Path, p: &str) -> Result<PathPlace> {
+    pub fn place(what: &'static str, root: &Path, p: &str) -> Result<PathPlace, PathError> {
         if p.is_empty() {
-            return Err(Error::InvalidArgument(format!("{what} is required")));
+            return Err(PathError::Required { what });
         }
         if p.len() > MAX_PATH_LEN || p.contains('\0') {
-            return Err(Error::InvalidArgument(format!(
-                "{what} {:?} is too long or contains NUL",
-                truncate(p)
-            )));
+            return Err(PathError::TooLong {
+                what,
+                path: truncate(p),
+            });
         }
         if let Some(seg) = p.split('/').find(|seg| seg.len() > MAX_NAME_LEN) {
-            return Err(Error::InvalidArgument(format!(
-                "{what} {:?} has a component of {} bytes (at most {MAX_NAME_LEN})",
-                truncate(p),
-                seg.len()
-            )));
+            return Err(PathError::ComponentTooLong {
+                what,
+                path: truncate(p),
+                len: seg.len(),
+            });
         }
         // Path::components() drops inner `.`, so look at the raw segments.
         if p.split('/').any(|seg| seg == "." || seg == "..") {
-            return Err(Error::InvalidArgument(format!(
-                "{what} {p:?} contains '.' or '..'"
-            )));
+            return Err(PathError::DotSegment {
+                what,
+                path: p.to_owned(),
+            });
         }
         let path = Path::new(p);
         if !path.is_absolute() {
@@ -380,27 +427,28 @@ impl RequestPath {
 
     /// The filesystem part (blocking): refuses a symlink anywhere below the
     /// root and returns the path under the root's resolved location.
-    pub fn resolve(&self) -> Result<PathBuf> {
+    pub fn resolve(&self) -> Result<PathBuf, PathError> {
         self.resolve_in().map(|(_, path)| path)
     }
 
     /// [`RequestPath::resolve`], with the root's resolved location too: the
     /// scope in which the CO's own mounts (staging and target paths) live.
-    pub fn resolve_in(&self) -> Result<(PathBuf, PathBuf)> {
+    pub fn resolve_in(&self) -> Result<(PathBuf, PathBuf), PathError> {
         let (what, root) = (self.what, &self.root);
         let mut cur = root.clone();
         for comp in self.rest.components() {
             cur.push(comp);
             match fs::symlink_metadata(&cur) {
                 Ok(md) if md.file_type().is_symlink() => {
-                    return Err(Error::InvalidArgument(format!(
-                        "{what} {:?} goes through the symlink {cur:?}; symlinks are not followed",
-                        root.join(&self.rest)
-                    )))
+                    return Err(PathError::Symlink {
+                        what,
+                        path: root.join(&self.rest),
+                        link: cur,
+                    })
                 }
                 Ok(_) => {}
                 Err(e) if e.kind() == std::io::ErrorKind::NotFound => break,
-                Err(e) => return Err(Error::io(format!("inspecting {cur:?}"), e)),
+                Err(e) => return Err(IoError::new(format!("inspecting {cur:?}"), e).into()),
             }
         }
         // The mount table records resolved paths: below a symlinked root, the
@@ -426,7 +474,7 @@ pub struct FsStats {
     pub used_inodes: u64,
 }
 
-pub fn fs_stats(path: &Path) -> Result<FsStats> {
+pub fn fs_stats(path: &Path) -> Result<FsStats, IoError> {
     let s = nix::sys::statvfs::statvfs(path).ctx(|| format!("statvfs {path:?}"))?;
     let frag = s.fragment_size() as u64;
     let total = s.blocks() as u64 * frag;
@@ -607,7 +655,7 @@ mod tests {
         ] {
             let r = check_request_path("target path", root, &bad);
             assert!(
-                matches!(r, Err(Error::InvalidArgument(_))),
+                matches!(r, Err(ref e) if !matches!(e, PathError::Io(_))),
                 "{bad:?}: {r:?}"
             );
         }
@@ -627,7 +675,10 @@ mod tests {
         let long = format!("/var/lib/kubelet/{}", "y".repeat(256));
         for bad in ["", "/var/lib/kubelet/../x", "some/../path", "a\0b", &long] {
             let r = RequestPath::place("volume_path", root, bad);
-            assert!(matches!(r, Err(Error::InvalidArgument(_))), "{bad:?}");
+            assert!(
+                matches!(r, Err(ref e) if !matches!(e, PathError::Io(_))),
+                "{bad:?}"
+            );
         }
         let below = RequestPath::place("volume_path", root, "/var/lib/kubelet/pods/a/mount");
         assert!(matches!(below, Ok(PathPlace::Below(_))));

@@ -11,7 +11,13 @@ pub const TOPOLOGY_KEY: &str = "topology.localvol.csi.dev/node";
 
 use sha2::{Digest, Sha256};
 
-use crate::error::{Error, Result};
+/// A name, id or text field from a request or the config that fails
+/// validation; the message says which and why.
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+pub struct InvalidName(pub String);
+
+type Result<T, E = InvalidName> = std::result::Result<T, E>;
 
 /// The longest id, name or path component the driver accepts (the CSI spec's
 /// recommended bound for strings is 128 bytes).
@@ -37,7 +43,7 @@ impl PoolName {
         if ok {
             Ok(Self(s.to_owned()))
         } else {
-            Err(Error::InvalidArgument(format!(
+            Err(InvalidName(format!(
                 "invalid pool name {:?}: use 1-32 lowercase letters, digits and '-', \
                  starting and ending with a letter or digit",
                 truncate(s)
@@ -148,7 +154,7 @@ impl VolumeId {
     pub fn parse(what: &str, s: &str) -> Result<ParsedId> {
         check_text(what, s)?;
         if s.contains('/') || s.contains("..") {
-            return Err(Error::InvalidArgument(format!(
+            return Err(InvalidName(format!(
                 "{what} {:?} contains '/' or '..'",
                 truncate(s)
             )));
@@ -176,9 +182,7 @@ impl fmt::Display for VolumeId {
 pub fn check_node_id(s: &str) -> Result<()> {
     check_text("node id", s)?;
     if s.chars().any(char::is_whitespace) {
-        return Err(Error::InvalidArgument(format!(
-            "node id {s:?} contains whitespace"
-        )));
+        return Err(InvalidName(format!("node id {s:?} contains whitespace")));
     }
     Ok(())
 }
@@ -186,16 +190,16 @@ pub fn check_node_id(s: &str) -> Result<()> {
 /// Common checks for every string field that names something.
 pub fn check_text(what: &str, s: &str) -> Result<()> {
     if s.is_empty() {
-        return Err(Error::InvalidArgument(format!("{what} is required")));
+        return Err(InvalidName(format!("{what} is required")));
     }
     if s.len() > MAX_ID_LEN {
-        return Err(Error::InvalidArgument(format!(
+        return Err(InvalidName(format!(
             "{what} is {} bytes long; the limit is {MAX_ID_LEN}",
             s.len()
         )));
     }
     if s.chars().any(char::is_control) {
-        return Err(Error::InvalidArgument(format!(
+        return Err(InvalidName(format!(
             "{what} {:?} contains NUL or control characters",
             truncate(s)
         )));
@@ -265,10 +269,7 @@ mod tests {
             "pool....",
         ] {
             assert!(
-                matches!(
-                    VolumeId::parse("volume id", bad),
-                    Err(Error::InvalidArgument(_))
-                ),
+                matches!(VolumeId::parse("volume id", bad), Err(InvalidName(_))),
                 "{bad:?}"
             );
         }

@@ -5,7 +5,12 @@
 use std::collections::HashSet;
 use std::sync::{Arc, Mutex};
 
-use crate::error::{Error, Result};
+/// Another operation on the same volume or snapshot is running.
+#[derive(Debug, thiserror::Error)]
+#[error("an operation on {what} is already in progress")]
+pub struct Busy {
+    pub what: String,
+}
 
 #[derive(Clone, Default)]
 pub struct VolumeLocks {
@@ -20,12 +25,12 @@ pub struct VolumeGuard {
 }
 
 impl VolumeLocks {
-    pub fn try_lock(&self, key: &str, what: &str) -> Result<VolumeGuard> {
+    pub fn try_lock(&self, key: &str, what: &str) -> Result<VolumeGuard, Busy> {
         let mut busy = self.busy.lock().expect("lock poisoned");
         if !busy.insert(key.to_owned()) {
-            return Err(Error::Aborted(format!(
-                "an operation on {what} is already in progress"
-            )));
+            return Err(Busy {
+                what: what.to_owned(),
+            });
         }
         Ok(VolumeGuard {
             busy: self.busy.clone(),
@@ -50,10 +55,7 @@ mod tests {
     fn second_lock_is_aborted_until_release() {
         let locks = VolumeLocks::default();
         let g = locks.try_lock("a", "volume a").unwrap();
-        assert!(matches!(
-            locks.try_lock("a", "volume a"),
-            Err(Error::Aborted(_))
-        ));
+        assert!(matches!(locks.try_lock("a", "volume a"), Err(Busy { .. })));
         let _other = locks.try_lock("b", "volume b").unwrap();
         drop(g);
         locks.try_lock("a", "volume a").unwrap();

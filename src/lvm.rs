@@ -4,15 +4,14 @@
 //! kill-on-drop: a cancelled RPC never leaves an `lvcreate` running) and asks
 //! for JSON reports in bytes (`--reportformat json --units b --nosuffix`).
 //! Failures are classified from lvm's stderr into [`LvmError`] kinds, which
-//! `From<LvmError> for Error` turns into the driver's error kinds (and so into
-//! NOT_FOUND, RESOURCE_EXHAUSTED, ALREADY_EXISTS).
+//! the pool layer wraps (and `service/status.rs` answers NOT_FOUND,
+//! RESOURCE_EXHAUSTED, ALREADY_EXISTS for).
 
 use std::time::Duration;
 
 use serde::Deserialize;
 
 use crate::command::{Cmd, CommandError};
-use crate::error::Error;
 
 /// Limit for one lvm call. Metadata operations take well under a second; the
 /// limit only catches a hung device.
@@ -34,18 +33,6 @@ pub enum LvmError {
     Parse(String),
     #[error(transparent)]
     Command(CommandError),
-}
-
-impl From<LvmError> for Error {
-    fn from(e: LvmError) -> Self {
-        match e {
-            LvmError::NotFound(m) => Error::NotFound(m),
-            LvmError::InsufficientSpace(m) => Error::ResourceExhausted(m),
-            LvmError::AlreadyExists(m) => Error::AlreadyExists(m),
-            LvmError::Parse(m) => Error::Internal(m),
-            LvmError::Command(c) => Error::Command(c),
-        }
-    }
 }
 
 /// Sorts an lvm failure by what its stderr says.
@@ -684,11 +671,10 @@ mod tests {
             };
             assert_eq!(got, want, "{stderr}");
         }
-        let e: Error = classify(failed(
+        let e = classify(failed(
             "  Volume group \"v\" has insufficient free space (1 extents): 2 required.",
-        ))
-        .into();
-        assert!(matches!(e, Error::ResourceExhausted(_)));
+        ));
+        assert!(matches!(e, LvmError::InsufficientSpace(_)));
     }
 
     #[test]

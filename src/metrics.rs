@@ -20,7 +20,7 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
 use prometheus_client::registry::{Metric, Registry};
 
-use crate::error::{IoContext, Result};
+use crate::error::{IoContext, IoError};
 use crate::pool::Pools;
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -303,7 +303,7 @@ async fn handle<D: Source>(
 pub async fn bind<D: Source>(
     addr: SocketAddr,
     driver: Arc<D>,
-) -> Result<impl std::future::Future<Output = ()>> {
+) -> Result<impl std::future::Future<Output = ()>, IoError> {
     let listener = tokio::net::TcpListener::bind(addr)
         .await
         .ctx(|| format!("binding metrics address {addr}"))?;

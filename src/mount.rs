@@ -20,7 +20,26 @@ use std::path::{Path, PathBuf};
 
 use sys_mount::{Mount, MountFlags, UnmountFlags};
 
-use crate::error::{Error, IoContext, Result};
+use crate::error::{IoContext, IoError};
+
+/// What went wrong reading the mount table or looking at a device.
+#[derive(Debug, thiserror::Error)]
+pub enum MountError {
+    #[error(transparent)]
+    Io(#[from] IoError),
+    /// The kernel's mount table could not be parsed (a bug or a new format).
+    #[error("parsing mountinfo: {0}")]
+    MountInfo(String),
+    #[error("device {dev:?} is missing")]
+    DeviceMissing { dev: PathBuf },
+    #[error("{dev:?} is not a block device")]
+    NotABlockDevice { dev: PathBuf },
+    /// No mount in the table holds a path that exists (a bug or a race).
+    #[error("no mount holds {path:?}")]
+    Unlocated { path: PathBuf },
+}
+
+type Result<T, E = MountError> = std::result::Result<T, E>;
 
 /// One line of mountinfo, reduced to what the driver uses.
 #[derive(Clone, Debug)]
@@ -75,16 +94,14 @@ impl MountTable {
                 Ok(0) => break,
                 Ok(n) => len += n,
                 Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
-                Err(e) => return Err(Error::io("reading /proc/self/mountinfo", e)),
+                Err(e) => return Err(IoError::new("reading /proc/self/mountinfo", e).into()),
             }
         }
-        Self::parse_bytes(&buf[..len])
-            .map_err(|e| Error::Internal(format!("parsing /proc/self/mountinfo: {e}")))
+        Self::parse_bytes(&buf[..len]).map_err(MountError::MountInfo)
     }
 
     pub fn parse(text: &str) -> Result<Self> {
-        Self::parse_bytes(text.as_bytes())
-            .map_err(|e| Error::Internal(format!("parsing mountinfo: {e}")))
+        Self::parse_bytes(text.as_bytes()).map_err(MountError::MountInfo)
     }
 
     /// Parses mountinfo (proc(5)):
@@ -265,7 +282,7 @@ pub fn parse_bind_flag(opt: &str) -> Option<MountFlags> {
 
 /// Bind-mounts `src` onto `target` (blocking). Flags other than BIND are applied
 /// by a second remount: the kernel ignores them on the first bind.
-pub fn bind(src: &Path, target: &Path, flags: MountFlags) -> Result<()> {
+pub fn bind(src: &Path, target: &Path, flags: MountFlags) -> Result<(), IoError> {
     Mount::builder()
         .fstype("none")
         .flags(MountFlags::BIND)
@@ -293,7 +310,7 @@ pub fn mount_device(
     fs_type: &str,
     flags: MountFlags,
     data: &str,
-) -> Result<()> {
+) -> Result<(), IoError> {
     let mut b = Mount::builder().fstype(fs_type).flags(flags);
     if !data.is_empty() {
         b = b.data(data);
@@ -304,7 +321,7 @@ pub fn mount_device(
 }
 
 /// Unmounts the top mount at `target` (blocking).
-pub fn unmount(target: &Path) -> Result<()> {
+pub fn unmount(target: &Path) -> Result<(), IoError> {
     sys_mount::unmount(target, UnmountFlags::empty()).ctx(|| format!("unmounting {target:?}"))
 }
 
@@ -312,14 +329,12 @@ pub fn unmount(target: &Path) -> Result<()> {
 /// checked to be a block device.
 pub fn block_device(dev: &Path) -> Result<(PathBuf, fs::Metadata)> {
     let real = fs::canonicalize(dev).map_err(|e| match e.kind() {
-        ErrorKind::NotFound => Error::NotFound(format!("device {dev:?} is missing")),
-        _ => Error::io(format!("resolving {dev:?}"), e),
+        ErrorKind::NotFound => MountError::DeviceMissing { dev: dev.into() },
+        _ => IoError::new(format!("resolving {dev:?}"), e).into(),
     })?;
     let md = fs::metadata(&real).ctx(|| format!("inspecting {real:?}"))?;
     if !md.file_type().is_block_device() {
-        return Err(Error::FailedPrecondition(format!(
-            "{dev:?} is not a block device"
-        )));
+        return Err(MountError::NotABlockDevice { dev: dev.into() });
     }
     Ok((real, md))
 }
@@ -330,7 +345,7 @@ pub fn locate_device_node(table: &MountTable, dev: &Path) -> Result<Location> {
     let (real, _) = block_device(dev)?;
     table
         .locate(&real)
-        .ok_or_else(|| Error::Internal(format!("no mount holds {real:?}")))
+        .ok_or(MountError::Unlocated { path: real })
 }
 
 #[cfg(test)]
@@ -472,7 +487,7 @@ mod tests {
             "22 27 0:21 /\n",
         ] {
             let r = MountTable::parse(bad);
-            assert!(matches!(r, Err(Error::Internal(_))), "{bad:?}: {r:?}");
+            assert!(matches!(r, Err(MountError::MountInfo(_))), "{bad:?}: {r:?}");
         }
         // Blank lines and a missing final newline are fine.
         let t = MountTable::parse("\n22 27 0:21 / /proc rw - proc proc rw").unwrap();

@@ -27,9 +27,53 @@ use std::path::{Path, PathBuf};
 
 use sys_mount::MountFlags;
 
-use crate::error::{Error, IoContext, Result};
-use crate::mount::{self, Location, MountTable};
+use crate::error::{IoContext, IoError};
+use crate::mount::{self, Location, MountError, MountTable};
 use crate::pool::{AccessType, Source};
+
+/// Why a node step (stage, publish, their inverses) did not happen.
+#[derive(Debug, thiserror::Error)]
+pub enum NodeError {
+    #[error("volume directory {path:?} is missing")]
+    VolumeDirMissing { path: PathBuf },
+    #[error("{path:?} exists and is not a directory")]
+    NotADirectory { path: PathBuf },
+    #[error("target path {path:?} exists and is not a regular file")]
+    NotAFile { path: PathBuf },
+    #[error("the parent directory of {path:?} does not exist")]
+    ParentMissing { path: PathBuf },
+    /// The staging or target path already holds something this request would
+    /// have to replace: another volume, or this one mounted another way.
+    #[error("{path:?} already has another mount ({found})")]
+    Occupied { path: PathBuf, found: String },
+    /// An unmount found a mount that is not this volume's; it stays.
+    #[error("{path:?} has a mount that is not this volume ({found}); not unmounting it")]
+    ForeignMount { path: PathBuf, found: String },
+    #[error("{path:?} still mounted after {MAX_STACKED} unmounts")]
+    TooManyStacked { path: PathBuf },
+    /// SINGLE_NODE_SINGLE_WRITER: the volume is already published elsewhere.
+    #[error("the volume is still published at {at:?}")]
+    PublishedElsewhere { at: PathBuf },
+    /// Unstage while a pod still uses the staging mount (or `path` is a target).
+    #[error("not unstaging {path:?}: the volume is still published at {at:?}; unpublish it first")]
+    StillPublished { path: PathBuf, at: PathBuf },
+    #[error("volume is not staged at {staging:?}{}; call NodeStageVolume first", .found.as_ref().map(|f| format!(" (it holds another mount, {f})")).unwrap_or_default())]
+    NotStaged {
+        staging: PathBuf,
+        found: Option<String>,
+    },
+    #[error(transparent)]
+    Mount(#[from] MountError),
+    #[error(transparent)]
+    Io(#[from] IoError),
+}
+
+type Result<T, E = NodeError> = std::result::Result<T, E>;
+
+/// How a mount shows in messages: its device and root.
+fn describe(m: &mount::MountEntry) -> String {
+    format!("{}:{:?}", m.dev, m.root)
+}
 
 /// How many stacked mounts an unmount loop removes before it gives up.
 const MAX_STACKED: usize = 16;
@@ -37,17 +81,15 @@ const MAX_STACKED: usize = 16;
 /// Where a directory volume lives in the mount table.
 pub fn locate_dir(table: &MountTable, src: &Path) -> Result<Location> {
     let md = fs::symlink_metadata(src).map_err(|e| match e.kind() {
-        ErrorKind::NotFound => Error::NotFound(format!("volume directory {src:?} is missing")),
-        _ => Error::io(format!("inspecting {src:?}"), e),
+        ErrorKind::NotFound => NodeError::VolumeDirMissing { path: src.into() },
+        _ => IoError::new(format!("inspecting {src:?}"), e).into(),
     })?;
     if !md.is_dir() {
-        return Err(Error::FailedPrecondition(format!(
-            "volume path {src:?} is not a directory"
-        )));
+        return Err(NodeError::NotADirectory { path: src.into() });
     }
-    table
+    Ok(table
         .locate(src)
-        .ok_or_else(|| Error::Internal(format!("no mount holds {src:?}")))
+        .ok_or(MountError::Unlocated { path: src.into() })?)
 }
 
 /// What a mount of this volume looks like in the mount table: for a directory,
@@ -70,7 +112,7 @@ pub fn locate_volume(table: &MountTable, src: &Source, access: AccessType) -> Re
                 root: PathBuf::from("/"),
             })
         }
-        (Source::Device(dev), AccessType::Block) => mount::locate_device_node(table, dev),
+        (Source::Device(dev), AccessType::Block) => Ok(mount::locate_device_node(table, dev)?),
     }
 }
 
@@ -85,10 +127,10 @@ fn staged_in(table: &MountTable, staging: &Path, want: &Location) -> Result<bool
     match table.at(staging) {
         None => Ok(false),
         Some(m) if m.location() == *want => Ok(true),
-        Some(m) => Err(Error::AlreadyExists(format!(
-            "staging path {staging:?} already has another mount ({}:{:?})",
-            m.dev, m.root
-        ))),
+        Some(m) => Err(NodeError::Occupied {
+            path: staging.into(),
+            found: describe(m),
+        }),
     }
 }
 
@@ -111,7 +153,7 @@ pub fn stage_device(
     if staged_in(&table, staging, &want)? {
         return Ok(());
     }
-    mount::mount_device(dev, staging, fs_type, flags, data)
+    Ok(mount::mount_device(dev, staging, fs_type, flags, data)?)
 }
 
 /// The filesystem type of the mount at `path`, if any.
@@ -135,26 +177,26 @@ pub fn publish_block(
     let table = MountTable::read()?;
     let want = table
         .locate(&real)
-        .ok_or_else(|| Error::Internal(format!("no mount holds {real:?}")))?;
+        .ok_or(MountError::Unlocated { path: real.clone() })?;
     // Already bound: the target now shows the device node, not a file.
     if let Some(m) = table.at(target) {
         if m.location() == want && m.read_only == read_only {
             return Ok(());
         }
-        return Err(Error::AlreadyExists(format!(
-            "target path {target:?} already has another mount ({}:{:?}, read-only {})",
-            m.dev, m.root, m.read_only
-        )));
+        return Err(NodeError::Occupied {
+            path: target.into(),
+            found: format!("{}, read-only {}", describe(m), m.read_only),
+        });
     }
     if single_writer {
-        refuse_other_mounts(&table, scope, &want, &[target], "published")?;
+        refuse_other_mounts(&table, scope, &want, &[target])?;
     }
     match fs::symlink_metadata(target) {
         Ok(md) if md.is_file() => {}
         Ok(_) => {
-            return Err(Error::FailedPrecondition(format!(
-                "target path {target:?} exists and is not a regular file"
-            )))
+            return Err(NodeError::NotAFile {
+                path: target.into(),
+            })
         }
         Err(e) if e.kind() == ErrorKind::NotFound => {
             fs::OpenOptions::new()
@@ -162,13 +204,13 @@ pub fn publish_block(
                 .create_new(true)
                 .open(target)
                 .map_err(|e| match e.kind() {
-                    ErrorKind::NotFound => Error::FailedPrecondition(format!(
-                        "the parent directory of {target:?} does not exist"
-                    )),
-                    _ => Error::io(format!("creating {target:?}"), e),
+                    ErrorKind::NotFound => NodeError::ParentMissing {
+                        path: target.into(),
+                    },
+                    _ => IoError::new(format!("creating {target:?}"), e).into(),
                 })?;
         }
-        Err(e) => return Err(Error::io(format!("inspecting {target:?}"), e)),
+        Err(e) => return Err(IoError::new(format!("inspecting {target:?}"), e).into()),
     }
     let flags = if read_only {
         MountFlags::RDONLY
@@ -177,7 +219,7 @@ pub fn publish_block(
     };
     if let Err(e) = mount::bind(&real, target, flags) {
         let _ = fs::remove_file(target);
-        return Err(e);
+        return Err(e.into());
     }
     Ok(())
 }
@@ -191,15 +233,13 @@ fn ensure_mount_dir(path: &Path) -> Result<()> {
             if md.is_dir() {
                 Ok(())
             } else {
-                Err(Error::FailedPrecondition(format!(
-                    "{path:?} exists and is not a directory"
-                )))
+                Err(NodeError::NotADirectory { path: path.into() })
             }
         }
-        Err(e) if e.kind() == ErrorKind::NotFound => Err(Error::FailedPrecondition(format!(
-            "the parent directory of {path:?} does not exist"
-        ))),
-        Err(e) => Err(Error::io(format!("creating {path:?}"), e)),
+        Err(e) if e.kind() == ErrorKind::NotFound => {
+            Err(NodeError::ParentMissing { path: path.into() })
+        }
+        Err(e) => Err(IoError::new(format!("creating {path:?}"), e).into()),
     }
 }
 
@@ -213,12 +253,12 @@ pub fn stage_dir(src: &Path, staging: &Path) -> Result<()> {
         if m.location() == want {
             return Ok(());
         }
-        return Err(Error::AlreadyExists(format!(
-            "staging path {staging:?} already has another mount ({}:{:?})",
-            m.dev, m.root
-        )));
+        return Err(NodeError::Occupied {
+            path: staging.into(),
+            found: describe(m),
+        });
     }
-    mount::bind(src, staging, MountFlags::empty())
+    Ok(mount::bind(src, staging, MountFlags::empty())?)
 }
 
 /// The location mounts of `volume` have, in `table`. None (no expectation: any
@@ -246,18 +286,16 @@ fn unmount_all(table: &MountTable, path: &Path, expected: Option<&[Location]>) -
                 .iter()
                 .any(|e| found == *e || is_deleted_copy(&found, e))
             {
-                return Err(Error::FailedPrecondition(format!(
-                    "{path:?} has a mount that is not this volume ({}:{:?}); not unmounting it",
-                    m.dev, m.root
-                )));
+                return Err(NodeError::ForeignMount {
+                    path: path.into(),
+                    found: describe(m),
+                });
             }
         }
         mount::unmount(path)?;
     }
     if table.count_at(path) > MAX_STACKED {
-        return Err(Error::Internal(format!(
-            "{path:?} still mounted after {MAX_STACKED} unmounts"
-        )));
+        return Err(NodeError::TooManyStacked { path: path.into() });
     }
     Ok(())
 }
@@ -273,7 +311,7 @@ fn is_deleted_copy(found: &Location, exp: &Location) -> bool {
             == [exp.root.as_os_str().as_bytes(), b"//deleted"].concat()
 }
 
-/// FAILED_PRECONDITION when the volume (`loc`, exactly: mounts of its
+/// [`NodeError::PublishedElsewhere`] when the volume (`loc`, exactly: mounts of its
 /// subdirectories, like kubelet's subPath binds, are other things) is mounted
 /// anywhere below `scope` (the kubelet dir: where the CO's staging and target
 /// paths are) but at `except`. Mounts elsewhere, like a discovered disk's own
@@ -283,7 +321,6 @@ fn refuse_other_mounts(
     scope: &Path,
     loc: &Location,
     except: &[&Path],
-    what: &str,
 ) -> Result<()> {
     let other = table.mounts_of(loc).find(|m| {
         m.root == loc.root
@@ -292,10 +329,9 @@ fn refuse_other_mounts(
     });
     match other {
         None => Ok(()),
-        Some(m) => Err(Error::FailedPrecondition(format!(
-            "the volume is still {what} at {:?}",
-            m.mount_point
-        ))),
+        Some(m) => Err(NodeError::PublishedElsewhere {
+            at: m.mount_point.clone(),
+        }),
     }
 }
 
@@ -327,10 +363,11 @@ fn refuse_unstage_while_published(
     if table.at(path).is_none_or(|m| m.location() != *loc) {
         return Ok(());
     }
-    refuse_other_mounts(table, scope, loc, &[path], "published").map_err(|e| match e {
-        Error::FailedPrecondition(m) => {
-            Error::FailedPrecondition(format!("not unstaging {path:?}: {m}; unpublish it first"))
-        }
+    refuse_other_mounts(table, scope, loc, &[path]).map_err(|e| match e {
+        NodeError::PublishedElsewhere { at } => NodeError::StillPublished {
+            path: path.into(),
+            at,
+        },
         e => e,
     })
 }
@@ -400,31 +437,37 @@ pub fn publish(
     let volume = &locate_volume(&table, src, access)?;
     let staged = table
         .at(staging)
-        .ok_or_else(|| {
-            Error::FailedPrecondition(format!(
-                "volume is not staged at {staging:?}; call NodeStageVolume first"
-            ))
+        .ok_or_else(|| NodeError::NotStaged {
+            staging: staging.into(),
+            found: None,
         })?
         .location();
     if staged != *volume {
-        return Err(Error::FailedPrecondition(format!(
-            "{staging:?} holds another mount ({}:{:?}), not this volume; call NodeStageVolume first",
-            staged.dev, staged.root
-        )));
+        return Err(NodeError::NotStaged {
+            staging: staging.into(),
+            found: Some(format!("{}:{:?}", staged.dev, staged.root)),
+        });
     }
     let want_ro = read_only || flags.contains(MountFlags::RDONLY);
     if let Some(m) = table.at(target) {
         if m.location() == staged && m.read_only == want_ro {
             return Ok(());
         }
-        return Err(Error::AlreadyExists(format!(
-            "target path {target:?} is already mounted {} (read-only: {}); the request asks for read-only: {want_ro}",
-            if m.location() == staged { "from this volume" } else { "from something else" },
-            m.read_only
-        )));
+        return Err(NodeError::Occupied {
+            path: target.into(),
+            found: format!(
+                "{} read-only: {}; the request asks for read-only: {want_ro}",
+                if m.location() == staged {
+                    "this volume,"
+                } else {
+                    "something else,"
+                },
+                m.read_only
+            ),
+        });
     }
     if single_writer {
-        refuse_other_mounts(&table, scope, volume, &[staging, target], "published")?;
+        refuse_other_mounts(&table, scope, volume, &[staging, target])?;
     }
     ensure_mount_dir(target)?;
     let flags = if want_ro {
@@ -434,7 +477,7 @@ pub fn publish(
     };
     if let Err(e) = mount::bind(staging, target, flags) {
         let _ = fs::remove_dir(target);
-        return Err(e);
+        return Err(e.into());
     }
     Ok(())
 }
@@ -468,9 +511,9 @@ fn remove_target(target: &Path) -> Result<()> {
         Ok(()) => Ok(()),
         Err(e) if e.kind() == ErrorKind::NotFound => Ok(()),
         Err(e) if e.raw_os_error() == Some(libc::ENOTDIR) => {
-            fs::remove_file(target).ctx(|| format!("removing {target:?}"))
+            Ok(fs::remove_file(target).ctx(|| format!("removing {target:?}"))?)
         }
-        Err(e) => Err(Error::io(format!("removing {target:?}"), e)),
+        Err(e) => Err(IoError::new(format!("removing {target:?}"), e).into()),
     }
 }
 
@@ -543,12 +586,12 @@ mod tests {
         // Another device's name: its mounts are not these. Nothing changes.
         for p in [&target, &block] {
             let e = unpublish_device(scope, p, &other.dev).unwrap_err();
-            assert!(matches!(e, Error::FailedPrecondition(_)), "{e:?}");
+            assert!(matches!(e, NodeError::ForeignMount { .. }), "{e:?}");
             assert!(mounted(p));
         }
         assert!(matches!(
             unstage_device(scope, &staging, &other.dev),
-            Err(Error::FailedPrecondition(_))
+            Err(NodeError::ForeignMount { .. })
         ));
         // No such device: nothing is done, the caller must look it up.
         let missing = dir.path().join("no-such-device");

@@ -21,8 +21,9 @@ use kube::{Api, Client};
 use tokio::sync::Mutex;
 
 use crate::driver::Driver;
-use crate::error::Result;
+use crate::driver::DriverError;
 use crate::ids::{ParsedId, VolumeId};
+use crate::pool::PoolError;
 use crate::task::AbortOnDrop;
 
 pub use crate::config::{OrphanMode, OrphansConfig};
@@ -78,7 +79,11 @@ impl Orphans {
     }
 
     /// One pass at `now` against a cache of PVs.
-    pub async fn pass(&self, now: Instant, pvs: &Store<PersistentVolume>) -> Result<OrphanReport> {
+    pub async fn pass(
+        &self,
+        now: Instant,
+        pvs: &Store<PersistentVolume>,
+    ) -> Result<OrphanReport, PoolError> {
         let referenced: BTreeSet<String> = pvs
             .state()
             .iter()
@@ -116,7 +121,7 @@ impl Orphans {
         Ok(report)
     }
 
-    async fn reclaim(&self, raw: &str) -> Result<()> {
+    async fn reclaim(&self, raw: &str) -> Result<(), DriverError> {
         let ParsedId::Volume(id) = VolumeId::parse("volume id", raw)? else {
             return Ok(());
         };
@@ -127,7 +132,7 @@ impl Orphans {
             .driver
             .locks
             .try_lock(id.key.as_str(), &format!("volume {id}"))?;
-        pool.delete(&id).await
+        Ok(pool.delete(&id).await?)
     }
 
     /// Runs until dropped: a cache of all PVs (filtered to this driver), a

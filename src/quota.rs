@@ -13,7 +13,19 @@ use std::fs::File;
 use std::os::fd::AsRawFd;
 use std::path::Path;
 
-use crate::error::{Error, IoContext, Result};
+use crate::error::{IoContext, IoError};
+
+/// What went wrong with project quotas.
+#[derive(Debug, thiserror::Error)]
+pub enum QuotaError {
+    /// The filesystem does not enforce project quotas (the operator-facing why).
+    #[error("{0}")]
+    NotEnforced(String),
+    #[error(transparent)]
+    Io(#[from] IoError),
+}
+
+type Result<T, E = QuotaError> = std::result::Result<T, E>;
 use crate::mount::MountTable;
 
 /// The project quota type (linux/quota.h `PRJQUOTA`).
@@ -135,7 +147,7 @@ impl Quotas {
     /// when project quotas are not enforced there.
     pub fn open(path: &Path) -> Result<Self> {
         if let Some(why) = unsupported_reason(path) {
-            return Err(Error::FailedPrecondition(why));
+            return Err(QuotaError::NotEnforced(why));
         }
         Ok(Quotas {
             dir: File::open(path).ctx(|| format!("opening {path:?}"))?,
@@ -155,7 +167,7 @@ impl Quotas {
             // XFS answers ENOENT for an id with no limits and no usage (it has
             // no dquot): a never-used or released id. ext4 reports zeros.
             Err(e) if e.raw_os_error() == Some(libc::ENOENT) => return Ok(ProjectQuota::default()),
-            Err(e) => return Err(e).ctx(|| format!("reading quota of project {project}")),
+            Err(e) => return Err(e).ctx(|| format!("reading quota of project {project}"))?,
         }
         Ok(ProjectQuota {
             block_limit_bytes: q.dqb_bhardlimit.saturating_mul(QUOTA_BLOCK),
@@ -167,7 +179,7 @@ impl Quotas {
 
     /// Sets a project's hard limits (0 = unlimited). Soft limits equal the hard
     /// ones so no grace period ever lets a volume exceed its size.
-    pub fn set_limits(&self, project: u32, bytes: u64, inodes: u64) -> Result<()> {
+    pub fn set_limits(&self, project: u32, bytes: u64, inodes: u64) -> Result<(), IoError> {
         let blocks = bytes.div_ceil(QUOTA_BLOCK);
         let mut q = zeroed_dqblk();
         q.dqb_bhardlimit = blocks;
@@ -191,7 +203,7 @@ fn zeroed_dqblk() -> libc::dqblk {
 }
 
 /// Reads a directory's project id and whether it has the inherit flag.
-pub fn project_of(dir: &Path) -> Result<(u32, bool)> {
+pub fn project_of(dir: &Path) -> Result<(u32, bool), IoError> {
     let f = File::open(dir).ctx(|| format!("opening {dir:?}"))?;
     let mut x = FsXattr::default();
     // SAFETY: `x` is a valid fsxattr for the kernel to fill.
@@ -201,7 +213,7 @@ pub fn project_of(dir: &Path) -> Result<(u32, bool)> {
 }
 
 /// Assigns `project` to an (empty, new) directory with the inherit flag.
-pub fn set_project(dir: &Path, project: u32) -> Result<()> {
+pub fn set_project(dir: &Path, project: u32) -> Result<(), IoError> {
     let f = File::open(dir).ctx(|| format!("opening {dir:?}"))?;
     let mut x = FsXattr::default();
     // SAFETY: `x` is a valid fsxattr for the kernel to fill, then to read.

@@ -14,9 +14,26 @@ use crate::config::Config;
 use crate::csi::{
     controller_server::ControllerServer, identity_server::IdentityServer, node_server::NodeServer,
 };
-use crate::driver::{Driver, Identity};
+use crate::driver::{Driver, DriverError, Identity};
 use crate::endpoint::Endpoint;
-use crate::error::{Error, IoContext, Result};
+use crate::error::{IoContext, IoError};
+
+/// Why the driver did not start, or its server stopped with an error.
+#[derive(Debug, thiserror::Error)]
+pub enum ServeError {
+    #[error(transparent)]
+    Driver(#[from] DriverError),
+    #[error("{0:?} exists and is not a socket; refusing to replace it")]
+    NotASocket(PathBuf),
+    #[error("socket group {0} does not exist")]
+    NoSuchGroup(String),
+    #[error("gRPC server: {0}")]
+    Grpc(#[from] tonic::transport::Error),
+    #[error(transparent)]
+    Io(#[from] IoError),
+}
+
+type Result<T, E = ServeError> = std::result::Result<T, E>;
 use crate::service::{controller::ControllerService, identity::IdentityService, node::NodeService};
 use crate::task::AbortOnDrop;
 
@@ -42,7 +59,7 @@ pub async fn build_driver(opts: &ServeOptions) -> Result<Arc<Driver>> {
         node_id: opts.node_id.clone(),
         kubelet_dir: opts.kubelet_dir.clone(),
     };
-    Driver::open(&who, &opts.config).await
+    Ok(Driver::open(&who, &opts.config).await?)
 }
 
 /// Serves until `shutdown` resolves, then removes the socket.
@@ -83,17 +100,16 @@ pub async fn serve(opts: ServeOptions, shutdown: impl Future<Output = ()> + Send
                 .serve_with_incoming_shutdown(incoming, shutdown)
                 .await;
             let _ = std::fs::remove_file(path);
-            res.map_err(|e| Error::Internal(format!("gRPC server: {e}")))
+            Ok(res?)
         }
         Endpoint::Tcp(addr) => {
             let listener = tokio::net::TcpListener::bind(addr)
                 .await
                 .ctx(|| format!("binding {addr}"))?;
             tracing::info!(endpoint = %opts.endpoint, node = %opts.node_id, "serving CSI (tcp, for debugging)");
-            router
+            Ok(router
                 .serve_with_incoming_shutdown(TcpListenerStream::new(listener), shutdown)
-                .await
-                .map_err(|e| Error::Internal(format!("gRPC server: {e}")))
+                .await?)
         }
     }
 }
@@ -149,13 +165,9 @@ fn bind_unix(path: &Path, group: Option<&str>) -> Result<tokio::net::UnixListene
         Ok(md) if md.file_type().is_socket() => {
             std::fs::remove_file(path).ctx(|| format!("removing stale socket {path:?}"))?;
         }
-        Ok(_) => {
-            return Err(Error::FailedPrecondition(format!(
-                "{path:?} exists and is not a socket; refusing to replace it"
-            )))
-        }
+        Ok(_) => return Err(ServeError::NotASocket(path.to_path_buf())),
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-        Err(e) => return Err(Error::io(format!("inspecting {path:?}"), e)),
+        Err(e) => return Err(IoError::new(format!("inspecting {path:?}"), e).into()),
     }
     if let Some(parent) = path.parent() {
         std::fs::create_dir_all(parent).ctx(|| format!("creating {parent:?}"))?;
@@ -165,7 +177,7 @@ fn bind_unix(path: &Path, group: Option<&str>) -> Result<tokio::net::UnixListene
             nix::unistd::Group::from_name(g)
                 .ctx(|| format!("looking up group {g}"))?
                 .map(|g| g.gid)
-                .ok_or_else(|| Error::InvalidArgument(format!("socket group {g} does not exist")))
+                .ok_or_else(|| ServeError::NoSuchGroup(g.to_owned()))
         })
         .transpose()?;
     // umask is process-wide, so the window is kept to the bind call itself.

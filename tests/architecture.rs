@@ -254,3 +254,25 @@ fn lvm_arguments_are_built_in_lvm_rs() {
         "lvm arguments built outside lvm.rs: {found:?}"
     );
 }
+
+#[test]
+fn errors_below_the_services_name_failures_not_codes() {
+    // Each layer's error enum says what failed (`PoolError::NoSpace`,
+    // `NodeError::Occupied`, ...); only `service/status.rs` picks the gRPC
+    // code, so no code name appears below the services.
+    let allowed = ["service", "cli", "main", "authority"];
+    let found = offenders(
+        &[
+            "InvalidArgument",
+            "FailedPrecondition",
+            "ResourceExhausted",
+            "OutOfRange",
+            "tonic::Code",
+        ],
+        &allowed,
+    );
+    assert!(
+        found.is_empty(),
+        "gRPC code names below the services: {found:?}"
+    );
+}

@@ -7,7 +7,9 @@ use std::path::{Component, PathBuf};
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
-use crate::error::{Error, Result};
+use super::ConfigError;
+
+type Result<T, E = ConfigError> = std::result::Result<T, E>;
 
 #[derive(Clone, Debug, Deserialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
@@ -147,7 +149,7 @@ impl DiscoveryClass {
             .and_then(|()| self.check_modes())
             .and_then(|()| self.check_cleanup())
             .map_err(|m| {
-                Error::InvalidArgument(format!("discovery class {:?}: {m}", self.storage_class))
+                ConfigError::Invalid(format!("discovery class {:?}: {m}", self.storage_class))
             })
     }
 
@@ -245,7 +247,7 @@ impl DiscoveryClass {
 impl DiscoveryConfig {
     pub fn validate(&self) -> Result<()> {
         if self.classes.is_empty() {
-            return Err(Error::InvalidArgument("discovery lists no classes".into()));
+            return Err(ConfigError::Invalid("discovery lists no classes".into()));
         }
         if !self.state_dir.is_absolute()
             || self
@@ -253,7 +255,7 @@ impl DiscoveryConfig {
                 .components()
                 .any(|c| matches!(c, Component::ParentDir | Component::CurDir))
         {
-            return Err(Error::InvalidArgument(format!(
+            return Err(ConfigError::Invalid(format!(
                 "discovery stateDir {:?} must be absolute, without '.' or '..'",
                 self.state_dir
             )));
@@ -263,7 +265,7 @@ impl DiscoveryConfig {
         for c in &self.classes {
             c.validate()?;
             if !dirs.insert(c.host_dir.clone()) || !keys.insert(c.key()) {
-                return Err(Error::InvalidArgument(format!(
+                return Err(ConfigError::Invalid(format!(
                     "discovery hostDir {:?} is used by two classes",
                     c.host_dir
                 )));
@@ -273,7 +275,7 @@ impl DiscoveryConfig {
         for a in &dirs {
             for b in &dirs {
                 if a != b && b.starts_with(a) {
-                    return Err(Error::InvalidArgument(format!(
+                    return Err(ConfigError::Invalid(format!(
                         "discovery hostDir {b:?} lies inside {a:?}"
                     )));
                 }

@@ -18,7 +18,28 @@ use std::path::{Path, PathBuf};
 
 use serde::Deserialize;
 
-use crate::error::{Error, IoContext, Result};
+use crate::error::{IoContext, IoError};
+
+/// Why a config was refused (at start: the driver does not run with it).
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    /// Not valid YAML, or not the config's shape.
+    #[error("config: {0}")]
+    Syntax(String),
+    /// Well-formed, but a value is not allowed.
+    #[error("{0}")]
+    Invalid(String),
+    #[error(transparent)]
+    Read(#[from] IoError),
+    #[error("{}: {source}", .path.display())]
+    InFile {
+        path: std::path::PathBuf,
+        #[source]
+        source: Box<ConfigError>,
+    },
+}
+
+type Result<T, E = ConfigError> = std::result::Result<T, E>;
 use crate::ids::PoolName;
 use crate::size::ByteSize;
 
@@ -154,7 +175,7 @@ const RESERVED_LVCREATE_OPTIONS: &[&str] = &[
 
 impl LvmPoolConfig {
     fn validate(&self) -> Result<()> {
-        let bad = |m: String| Err(Error::InvalidArgument(format!("pool {}: {m}", self.name)));
+        let bad = |m: String| Err(ConfigError::Invalid(format!("pool {}: {m}", self.name)));
         if !is_lvm_name(&self.volume_group) {
             return bad(format!(
                 "volumeGroup {:?} is not a valid LVM name",
@@ -241,16 +262,18 @@ pub enum QuotaMode {
 
 impl Config {
     pub fn from_yaml(text: &str) -> Result<Self> {
-        let cfg: Config = serde_norway::from_str(text)
-            .map_err(|e| Error::InvalidArgument(format!("config: {e}")))?;
+        let cfg: Config =
+            serde_norway::from_str(text).map_err(|e| ConfigError::Syntax(e.to_string()))?;
         cfg.validate()?;
         Ok(cfg)
     }
 
     pub fn load(path: &Path) -> Result<Self> {
         let text = std::fs::read_to_string(path).ctx(|| format!("reading config {path:?}"))?;
-        Self::from_yaml(&text)
-            .map_err(|e| Error::InvalidArgument(format!("{}: {e}", path.display())))
+        Self::from_yaml(&text).map_err(|e| ConfigError::InFile {
+            path: path.to_path_buf(),
+            source: Box::new(e),
+        })
     }
 
     /// The config `localvol serve` uses without `--config`: one directory pool in
@@ -274,13 +297,13 @@ impl Config {
 
     fn validate(&self) -> Result<()> {
         if self.pools.is_empty() {
-            return Err(Error::InvalidArgument("config lists no pools".into()));
+            return Err(ConfigError::Invalid("config lists no pools".into()));
         }
         let mut names = BTreeSet::new();
         let mut paths = BTreeSet::new();
         for p in &self.pools {
             if !names.insert(p.name().clone()) {
-                return Err(Error::InvalidArgument(format!(
+                return Err(ConfigError::Invalid(format!(
                     "pool {} is listed twice",
                     p.name()
                 )));
@@ -289,13 +312,13 @@ impl Config {
                 PoolConfig::Lvm(l) => l.validate()?,
                 PoolConfig::Dir(d) => {
                     if !d.path.is_absolute() {
-                        return Err(Error::InvalidArgument(format!(
+                        return Err(ConfigError::Invalid(format!(
                             "pool {}: path {:?} must be absolute",
                             d.name, d.path
                         )));
                     }
                     if !paths.insert(d.path.clone()) {
-                        return Err(Error::InvalidArgument(format!(
+                        return Err(ConfigError::Invalid(format!(
                             "pool {}: path {:?} is used by another pool",
                             d.name, d.path
                         )));
@@ -305,7 +328,7 @@ impl Config {
         }
         if let Some(def) = &self.default_pool {
             if !names.contains(def) {
-                return Err(Error::InvalidArgument(format!(
+                return Err(ConfigError::Invalid(format!(
                     "defaultPool {def} is not a listed pool"
                 )));
             }
@@ -314,7 +337,7 @@ impl Config {
             d.validate()?;
         }
         if self.max_volumes_per_node < 0 {
-            return Err(Error::InvalidArgument(
+            return Err(ConfigError::Invalid(
                 "maxVolumesPerNode must not be negative".into(),
             ));
         }

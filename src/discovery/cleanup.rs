@@ -22,9 +22,12 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use serde::{Deserialize, Serialize};
 
 use super::scan::{self, Discovered, EntryKind};
+use super::StaticError;
 use super::{CleanupMethod, DiscoveryConfig, StaticHandle};
 use crate::command::Cmd;
-use crate::error::{blocking, Error, IoContext, Result};
+use crate::error::{blocking, IoContext, IoError};
+
+type Result<T, E = StaticError> = std::result::Result<T, E>;
 use crate::fsutil;
 use crate::mount::MountTable;
 
@@ -81,14 +84,16 @@ impl Cleaner {
                 continue;
             };
             let text = std::fs::read(e.path()).ctx(|| format!("reading {:?}", e.path()))?;
-            let m: Marker = serde_json::from_slice(&text)
-                .map_err(|err| Error::Internal(format!("cleanup marker {:?}: {err}", e.path())))?;
+            let m: Marker =
+                serde_json::from_slice(&text).map_err(|err| StaticError::BadMarker {
+                    path: e.path(),
+                    why: err.to_string(),
+                })?;
             if m.handle != h.to_string() {
-                return Err(Error::Internal(format!(
-                    "cleanup marker {:?} names {}",
-                    e.path(),
-                    m.handle
-                )));
+                return Err(StaticError::BadMarker {
+                    path: e.path(),
+                    why: format!("it names {}", m.handle),
+                });
             }
             out.push(m);
         }
@@ -103,7 +108,7 @@ impl Cleaner {
         let class = cfg
             .classes
             .get(vol.class)
-            .ok_or_else(|| Error::Internal(format!("no discovery class {}", vol.class)))?
+            .ok_or_else(|| StaticError::Config(format!("no discovery class {}", vol.class)))?
             .clone();
         let method = class.cleanup.method;
         let v = vol.clone();
@@ -117,14 +122,13 @@ impl Cleaner {
                 .map(|d| d.as_secs())
                 .unwrap_or(0),
         };
-        let json = serde_json::to_vec_pretty(&marker)
-            .map_err(|e| Error::Internal(format!("encoding cleanup marker: {e}")))?;
+        let json = serde_json::to_vec_pretty(&marker)?;
         let mpath = self.marker_path(&vol.handle);
-        blocking(move || fsutil::write_atomic(&mpath, &json)).await?;
+        blocking(move || Ok::<_, StaticError>(fsutil::write_atomic(&mpath, &json)?)).await?;
         tracing::info!(handle = %vol.handle, path = ?vol.path, ?method, "cleanup started");
         run_method(method, class.cleanup.command.as_deref(), vol).await?;
         let mpath = self.marker_path(&vol.handle);
-        blocking(move || fsutil::remove_file_durable(&mpath)).await?;
+        blocking(move || Ok::<_, StaticError>(fsutil::remove_file_durable(&mpath)?)).await?;
         tracing::info!(handle = %vol.handle, path = ?vol.path, "cleanup finished");
         Ok(())
     }
@@ -152,9 +156,7 @@ impl Cleaner {
             let h2 = h.clone();
             let res = match blocking(move || scan::find(&c, &h2)).await {
                 Ok(Some(vol)) => self.cleanup(cfg, &vol).await,
-                Ok(None) => Err(Error::NotFound(format!(
-                    "volume {h} of a pending cleanup is not discovered now"
-                ))),
+                Ok(None) => Err(StaticError::Vanished(h.to_string())),
                 Err(e) => Err(e),
             };
             out.push((h, res));
@@ -165,7 +167,12 @@ impl Cleaner {
 
 /// Refuses (FAILED_PRECONDITION) when the volume is in use (blocking).
 pub fn check_not_in_use(vol: &Discovered, table: &MountTable) -> Result<()> {
-    let busy = |m: String| Err(Error::FailedPrecondition(format!("{}: {m}", vol.handle)));
+    let busy = |why: String| {
+        Err(StaticError::InUse {
+            handle: vol.handle.to_string(),
+            why,
+        })
+    };
     match &vol.kind {
         EntryKind::Mount { .. } => {
             let Some(m) = table.at(&vol.path) else {
@@ -224,7 +231,7 @@ pub fn check_not_in_use(vol: &Discovered, table: &MountTable) -> Result<()> {
                 Err(e) if e.raw_os_error() == Some(libc::EBUSY) => {
                     return busy(format!("{device:?} is in use (busy)"));
                 }
-                Err(e) => return Err(Error::io(format!("opening {device:?}"), e)),
+                Err(e) => return Err(IoError::new(format!("opening {device:?}"), e).into()),
             }
         }
     }
@@ -239,7 +246,7 @@ async fn run_method(
     let target = vol.source_path().to_path_buf();
     match (method, &vol.kind) {
         (CleanupMethod::DeleteContents, EntryKind::Mount { .. }) => {
-            blocking(move || fsutil::clear_dir(&target)).await
+            blocking(move || Ok(fsutil::clear_dir(&target)?)).await
         }
         (CleanupMethod::Blkdiscard, EntryKind::Device { .. }) => {
             Cmd::new("blkdiscard")
@@ -282,7 +289,9 @@ async fn run_method(
         }
         (CleanupMethod::Command, _) => {
             let Some([prog, args @ ..]) = command else {
-                return Err(Error::Internal("cleanup command is not configured".into()));
+                return Err(StaticError::Config(
+                    "cleanup command is not configured".into(),
+                ));
             };
             Cmd::new(prog)
                 .args(args)
@@ -292,7 +301,7 @@ async fn run_method(
                 .await?;
             Ok(())
         }
-        (m, k) => Err(Error::Internal(format!(
+        (m, k) => Err(StaticError::Config(format!(
             "cleanup {m:?} does not apply to {k:?}"
         ))),
     }
@@ -413,7 +422,7 @@ mod tests {
         let inner = TestMount::bind(&other, &vol.join("sub"));
         let err = e.cleaner.cleanup(&cfg, &d).await.unwrap_err();
         assert!(err.to_string().contains("mount inside"), "{err}");
-        assert!(matches!(err, Error::FailedPrecondition(_)));
+        assert!(matches!(err, StaticError::InUse { .. }));
         assert_eq!(entries(&vol), ["keep", "sub"]);
         assert_eq!(fs::read(other.join("inner")).unwrap(), b"keep");
         drop(inner);

@@ -39,7 +39,7 @@ pub enum DiscoveryError {
     #[error("kubernetes API: {0}")]
     Kube(#[from] kube::Error),
     #[error(transparent)]
-    Driver(#[from] crate::error::Error),
+    Static(#[from] super::StaticError),
 }
 
 /// What one pass did (for logs and tests).

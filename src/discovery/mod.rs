@@ -32,6 +32,37 @@ pub const HANDLE_PREFIX: &str = "static";
 
 pub use crate::config::discovery::*;
 
+/// What went wrong finding, checking or cleaning a discovered volume.
+#[derive(Debug, thiserror::Error)]
+pub enum StaticError {
+    /// Mounted, bound or open elsewhere: not cleaned.
+    #[error("{handle}: {why}")]
+    InUse { handle: String, why: String },
+    /// A pending cleanup whose entry is not there now (it may come back).
+    #[error("volume {0} of a pending cleanup is not discovered now")]
+    Vanished(String),
+    /// A cleanup marker that cannot be trusted: its volume is not offered.
+    #[error("cleanup marker {path:?}: {why}")]
+    BadMarker {
+        path: std::path::PathBuf,
+        why: String,
+    },
+    /// The discovery config does not fit the entry (a bug or a config
+    /// change under a running cleanup).
+    #[error("{0}")]
+    Config(String),
+    #[error("cleanup marker: {0}")]
+    Json(#[from] serde_json::Error),
+    #[error(transparent)]
+    Io(#[from] crate::error::IoError),
+    #[error(transparent)]
+    Fs(#[from] crate::fsutil::FsError),
+    #[error(transparent)]
+    Mount(#[from] crate::mount::MountError),
+    #[error(transparent)]
+    Command(#[from] crate::command::CommandError),
+}
+
 /// The deterministic handle of a discovered entry:
 /// `static.<class key, 16 hex>.<entry key, 32 hex>`. The entry key is a hash of
 /// the entry's name; the node finds the entry again by scanning the class's
@@ -81,13 +112,13 @@ impl std::fmt::Display for StaticHandle {
 mod tests {
     use super::*;
     use crate::config::Config;
-    use crate::error::Result;
+    use crate::config::ConfigError;
     use crate::ids::{ParsedId, VolumeId};
     use std::path::PathBuf;
 
     const POOLS: &str = "pools: [{name: a, type: dir, path: /x/a}]\n";
 
-    fn with(classes: &str) -> Result<Config> {
+    fn with(classes: &str) -> Result<Config, ConfigError> {
         Config::from_yaml(&format!("{POOLS}discovery:\n  classes:\n{classes}"))
     }
 

@@ -17,12 +17,14 @@ use async_trait::async_trait;
 
 use super::cleanup::Cleaner;
 use super::scan::{self, Discovered, EntryKind};
+use super::StaticError;
 use super::{DiscoveryConfig, StaticHandle};
-use crate::error::{blocking, Error, Result};
+use crate::error::blocking;
 use crate::ids::{PoolName, VolumeId, VolumeKey};
 use crate::pool::{
     AccessType, Capacity, CapacityRange, CreateRequest, Expanded, NodeSide, Pool, Source, Volume,
 };
+use crate::pool::{PoolError, Result};
 
 /// Pool name static volumes report (never registered in [`crate::pool::Pools`]).
 pub const STATIC_POOL: &str = "static";
@@ -38,9 +40,9 @@ pub struct StaticPool {
 
 impl StaticPool {
     /// Opens the cleanup state under `state_dir` (blocking).
-    pub fn open(cfg: DiscoveryConfig, state_dir: &std::path::Path) -> Result<Self> {
+    pub fn open(cfg: DiscoveryConfig, state_dir: &std::path::Path) -> Result<Self, StaticError> {
         Ok(StaticPool {
-            name: PoolName::parse(STATIC_POOL)?,
+            name: PoolName::parse(STATIC_POOL).expect("the static pool's name is valid"),
             cfg,
             cleaner: Cleaner::new(state_dir)?,
         })
@@ -59,7 +61,7 @@ impl StaticPool {
     pub async fn find(
         self: &Arc<Self>,
         raw: &str,
-    ) -> Result<Option<(VolumeId, Arc<dyn Pool>, Volume)>> {
+    ) -> Result<Option<(VolumeId, Arc<dyn Pool>, Volume)>, StaticError> {
         let Some(handle) = StaticHandle::parse(raw) else {
             return Ok(None);
         };
@@ -76,7 +78,7 @@ impl StaticPool {
             return Ok(None);
         };
         let key = VolumeKey::parse(&handle.entry_key)
-            .ok_or_else(|| Error::Internal(format!("bad entry key in {handle}")))?;
+            .ok_or_else(|| StaticError::Config(format!("bad entry key in {handle}")))?;
         let id = VolumeId {
             pool: self.name.clone(),
             key,
@@ -112,10 +114,8 @@ impl StaticPool {
         }
     }
 
-    fn refuse<T>(&self, what: &str) -> Result<T> {
-        Err(Error::FailedPrecondition(format!(
-            "static volumes are discovered on the node; {what} is not supported"
-        )))
+    fn refuse<T>(&self, what: &'static str) -> Result<T> {
+        Err(PoolError::Static { what })
     }
 }
 
@@ -161,7 +161,9 @@ impl NodeSide for StaticPool {
             .parameters
             .get(PARAM_PATH)
             .map(PathBuf::from)
-            .ok_or_else(|| Error::Internal(format!("static volume {} has no path", vol.id)))?;
+            .ok_or_else(|| {
+                PoolError::Inconsistent(format!("static volume {} has no path", vol.id))
+            })?;
         Ok(match vol.access_type {
             AccessType::Mount => Source::Directory(path),
             AccessType::Block => Source::Device(path),

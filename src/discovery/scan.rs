@@ -11,8 +11,11 @@ use std::io::ErrorKind;
 use std::os::unix::fs::FileTypeExt;
 use std::path::{Path, PathBuf};
 
+use super::StaticError;
 use super::{DiscoveryClass, DiscoveryConfig, StaticHandle, VolumeMode};
-use crate::error::{Error, IoContext, Result};
+use crate::error::{IoContext, IoError};
+
+type Result<T, E = StaticError> = std::result::Result<T, E>;
 use crate::mount::MountTable;
 
 /// What a discovered entry holds.
@@ -89,7 +92,7 @@ pub fn scan_class(cfg: &DiscoveryConfig, class: usize, table: &MountTable) -> Re
             });
             return Ok(out);
         }
-        Err(e) => return Err(Error::io(format!("resolving {:?}", c.host_dir), e)),
+        Err(e) => return Err(IoError::new(format!("resolving {:?}", c.host_dir), e).into()),
     };
     let pattern = c.pattern();
     let mut names: Vec<_> = fs::read_dir(&dir)

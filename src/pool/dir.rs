@@ -36,11 +36,11 @@ use std::time::{SystemTime, UNIX_EPOCH};
 use async_trait::async_trait;
 
 use super::{
-    AccessType, Capacity, CapacityRange, CreateRequest, Expanded, NodeSide, Pool, Source, Usage,
-    Volume,
+    AccessType, Capacity, CapacityRange, CreateRequest, Expanded, NodeSide, Pool, PoolError,
+    Result, Source, Usage, Volume,
 };
 use crate::config::{DirPoolConfig, QuotaMode, DEFAULT_VOLUME_SIZE};
-use crate::error::{blocking, Error, IoContext, Result};
+use crate::error::{blocking, IoContext};
 use crate::fsutil::{self, FsStats};
 use crate::ids::{PoolName, VolumeId, VolumeKey};
 use crate::mount::MountTable;
@@ -153,9 +153,10 @@ impl DirPool {
                 QuotaMode::Auto | QuotaMode::Required => match Quotas::open(&volumes_dir) {
                     Ok(q) => (Some(Arc::new(q)), None),
                     Err(e) if quota == QuotaMode::Required => {
-                        return Err(Error::FailedPrecondition(format!(
-                            "pool {pool_name} has quota: required, but {e}"
-                        )))
+                        return Err(PoolError::Misconfigured {
+                            pool: pool_name.to_string(),
+                            why: format!("quota: required, but {e}"),
+                        })
                     }
                     Err(e) => (None, Some(e.to_string())),
                 },
@@ -276,20 +277,24 @@ impl DirPool {
         let mut st = self.state();
         let (total, free) = self.limits(space, st.allocated());
         if bytes > total {
-            return Err(Error::OutOfRange(format!(
-                "{what}: {bytes} bytes is more than pool {} can ever hold ({total} bytes)",
-                self.name
-            )));
+            return Err(PoolError::TooLarge {
+                what: what.to_owned(),
+                bytes,
+                pool: self.name.clone(),
+                total,
+            });
         }
         if bytes > free {
-            return Err(Error::ResourceExhausted(format!(
-                "{what}: pool {} has {free} bytes free, {bytes} requested",
-                self.name
-            )));
+            return Err(PoolError::NoSpace {
+                what: what.to_owned(),
+                bytes,
+                pool: self.name.clone(),
+                free,
+            });
         }
         let project = match &self.quotas {
-            Some(_) => Some(st.pick_project(key).ok_or_else(|| {
-                Error::ResourceExhausted(format!("{what}: no free project quota id found"))
+            Some(_) => Some(st.pick_project(key).ok_or_else(|| PoolError::NoProjectId {
+                what: what.to_owned(),
             })?),
             None => None,
         };
@@ -442,15 +447,19 @@ impl Pool for DirPool {
     }
 
     async fn check(&self) -> Result<()> {
-        let dir = self.volumes_dir.clone();
+        let (dir, name) = (self.volumes_dir.clone(), self.name.clone());
         blocking(move || {
             let md = fs::metadata(&dir).ctx(|| format!("pool directory {dir:?}"))?;
             if !md.is_dir() {
-                return Err(Error::Unavailable(format!("{dir:?} is not a directory")));
+                return Err(PoolError::Unavailable {
+                    pool: name.to_string(),
+                    why: format!("{dir:?} is not a directory"),
+                });
             }
             nix::unistd::access(&dir, nix::unistd::AccessFlags::W_OK)
                 .ctx(|| format!("{dir:?} is not writable"))?;
-            fsutil::fs_stats(&dir).map(|_| ())
+            fsutil::fs_stats(&dir)?;
+            Ok(())
         })
         .await
     }
@@ -461,7 +470,7 @@ impl Pool for DirPool {
             return super::matches_request(existing, req, true);
         }
         if req.inode_limit.is_some() && self.quotas.is_none() {
-            return Err(Error::InvalidArgument(format!(
+            return Err(PoolError::UnsupportedParameter(format!(
                 "pool {} does not enforce quotas ({}); inodeLimit cannot be honoured",
                 self.name,
                 self.unenforced_reason
@@ -499,8 +508,7 @@ impl Pool for DirPool {
             let prepared = blocking(move || {
                 let prepared = prepare_dir(&d, q.as_deref(), candidate, size, inodes)?;
                 if let Prepared::Done = prepared {
-                    let json = serde_json::to_vec_pretty(&rec)
-                        .map_err(|e| Error::Internal(e.to_string()))?;
+                    let json = serde_json::to_vec_pretty(&rec)?;
                     let spare = state.lock().expect("pool state lock poisoned").spares.pop();
                     match spare {
                         Some(spare) => fsutil::write_atomic_reusing(&record, &json, &spare)?,
@@ -530,9 +538,7 @@ impl Pool for DirPool {
             }
         }
         self.state().reserved.remove(&key);
-        Err(Error::ResourceExhausted(format!(
-            "{what}: no free project quota id found"
-        )))
+        Err(PoolError::NoProjectId { what })
     }
 
     async fn delete(&self, id: &VolumeId) -> Result<()> {
@@ -546,17 +552,20 @@ impl Pool for DirPool {
             let table = MountTable::read()?;
             if let Some(loc) = table.locate(&data) {
                 if let Some(m) = table.mounts_of(&loc).next() {
-                    return Err(Error::FailedPrecondition(format!(
-                        "volume {what} is still mounted at {:?}; unpublish and unstage it first",
-                        m.mount_point
-                    )));
+                    return Err(PoolError::InUse {
+                        volume: what,
+                        why: format!(
+                            "is still mounted at {:?}; unpublish and unstage it first",
+                            m.mount_point
+                        ),
+                    });
                 }
             }
             if let Some(m) = table.mounts_below(&data).next() {
-                return Err(Error::FailedPrecondition(format!(
-                    "volume {what} has a mount inside it at {:?}; not deleting",
-                    m.mount_point
-                )));
+                return Err(PoolError::InUse {
+                    volume: what,
+                    why: format!("has a mount inside it at {:?}; not deleting", m.mount_point),
+                });
             }
             fsutil::remove_tree(&data)?;
             // Release the id: no limits and (the tree is gone) no usage.
@@ -564,10 +573,10 @@ impl Pool for DirPool {
                 q.set_limits(p, 0, 0)?;
             }
             // The record goes last, durably: retired (renamed away), or removed.
-            match spare_dir {
-                Some(to) => fsutil::retire_file(&record, &to),
-                None => fsutil::remove_file_durable(&record).map(|()| None),
-            }
+            Ok(match spare_dir {
+                Some(to) => fsutil::retire_file(&record, &to)?,
+                None => fsutil::remove_file_durable(&record).map(|()| None)?,
+            })
         })
         .await?;
         let excess = {
@@ -585,7 +594,7 @@ impl Pool for DirPool {
             // Off the RPC's path; a leftover is removed at the next start.
             tokio::spawn(blocking(move || {
                 let _ = fs::remove_file(file);
-                Ok(())
+                Ok::<_, PoolError>(())
             }));
         }
         Ok(())
@@ -598,7 +607,7 @@ impl Pool for DirPool {
             .volumes
             .get(&key)
             .cloned()
-            .ok_or_else(|| Error::NotFound(format!("volume {id} does not exist")))?;
+            .ok_or_else(|| PoolError::VolumeNotFound(id.to_string()))?;
         let new_size = self.size_for(CapacityRange {
             required: range.required,
             limit: range.limit,
@@ -610,7 +619,7 @@ impl Pool for DirPool {
                     node_expansion_required: false,
                 });
             }
-            return Err(Error::OutOfRange(format!(
+            return Err(PoolError::SizeRefused(format!(
                 "volume {id} is {} bytes; shrinking to {new_size} is not supported",
                 current.size_bytes
             )));
@@ -629,16 +638,20 @@ impl Pool for DirPool {
             let (total, free) = self.limits(&space, st.allocated());
             let delta = new_size - current.size_bytes;
             if new_size > total {
-                return Err(Error::OutOfRange(format!(
-                    "expanding {id}: {new_size} bytes is more than pool {} can ever hold ({total} bytes)",
-                    self.name
-                )));
+                return Err(PoolError::TooLarge {
+                    what: format!("expanding {id}"),
+                    bytes: new_size,
+                    pool: self.name.clone(),
+                    total,
+                });
             }
             if delta > free {
-                return Err(Error::ResourceExhausted(format!(
-                    "expanding {id}: pool {} has {free} bytes free, {delta} more requested",
-                    self.name
-                )));
+                return Err(PoolError::NoSpace {
+                    what: format!("expanding {id}"),
+                    bytes: delta,
+                    pool: self.name.clone(),
+                    free,
+                });
             }
             st.reserved.insert(key.clone(), (delta, None));
         }
@@ -651,9 +664,8 @@ impl Pool for DirPool {
             if let (Some(q), Some(p)) = (&quotas, rec.project_id) {
                 q.set_limits(p, rec.size_bytes, rec.inode_limit.unwrap_or(0))?;
             }
-            let json =
-                serde_json::to_vec_pretty(&rec).map_err(|e| Error::Internal(e.to_string()))?;
-            fsutil::write_atomic(&record, &json)
+            let json = serde_json::to_vec_pretty(&rec)?;
+            Ok::<_, PoolError>(fsutil::write_atomic(&record, &json)?)
         })
         .await;
         let mut st = self.state();
@@ -691,7 +703,9 @@ impl NodeSide for DirPool {
             .id
             .rsplit_once('.')
             .and_then(|(_, k)| VolumeKey::parse(k))
-            .ok_or_else(|| Error::Internal(format!("record has a malformed id {:?}", vol.id)))?;
+            .ok_or_else(|| {
+                PoolError::Inconsistent(format!("record has a malformed id {:?}", vol.id))
+            })?;
         Ok(Source::Directory(self.data_dir(&key)))
     }
 
@@ -759,7 +773,7 @@ mod tests {
         assert_eq!(pool.create(&req("a", 10 << 20)).await.unwrap(), v);
         assert!(matches!(
             pool.create(&req("a", 20 << 20)).await,
-            Err(Error::AlreadyExists(_))
+            Err(PoolError::Mismatch { .. })
         ));
         let Source::Directory(dir) = pool.source(&v).unwrap() else {
             panic!("dir pools hand out directories")
@@ -783,11 +797,11 @@ mod tests {
         assert_eq!(pool.capacity().await.unwrap().available_bytes, 40 << 20);
         assert!(matches!(
             pool.create(&req("b", 50 << 20)).await,
-            Err(Error::ResourceExhausted(_))
+            Err(PoolError::NoSpace { .. })
         ));
         assert!(matches!(
             pool.create(&req("c", 200 << 20)).await,
-            Err(Error::OutOfRange(_))
+            Err(PoolError::TooLarge { .. })
         ));
         // Nothing was left behind by the refused creates.
         assert_eq!(pool.list().await.unwrap().len(), 1);
@@ -821,7 +835,7 @@ mod tests {
                 }
             )
             .await,
-            Err(Error::OutOfRange(_))
+            Err(PoolError::SizeRefused(_))
         ));
         pool.create(&req("other", 50 << 20)).await.unwrap();
         assert!(matches!(
@@ -833,7 +847,7 @@ mod tests {
                 }
             )
             .await,
-            Err(Error::ResourceExhausted(_))
+            Err(PoolError::NoSpace { .. })
         ));
         drop(pool);
         let again = DirPool::open(cfg(d.path(), QuotaMode::Off)).await.unwrap();
@@ -989,14 +1003,14 @@ mod tests {
             .unwrap();
         let msg = err.to_string();
         assert!(msg.contains("quota: required"), "{msg}");
-        assert!(matches!(err, Error::FailedPrecondition(_)));
+        assert!(matches!(err, PoolError::Misconfigured { .. }));
         let pool = DirPool::open(cfg(d.path(), QuotaMode::Auto)).await.unwrap();
         assert!(pool.unenforced_reason().is_some());
         let mut r = req("a", 1 << 20);
         r.inode_limit = Some(100);
         assert!(matches!(
             pool.create(&r).await,
-            Err(Error::InvalidArgument(_))
+            Err(PoolError::UnsupportedParameter(_))
         ));
     }
 

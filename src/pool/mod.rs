@@ -11,11 +11,13 @@ use serde::{Deserialize, Serialize};
 
 use crate::blockdev::FsType;
 use crate::config::{Config, PoolConfig};
-use crate::error::{Error, Result};
 use crate::ids::{PoolName, VolumeId, VolumeName};
 
 pub mod dir;
+mod error;
 pub mod lvm;
+
+pub use error::{PoolError, Result};
 
 /// How a volume is consumed.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -190,10 +192,10 @@ pub fn matches_request(
     };
     match mismatch {
         None => Ok(existing),
-        Some(why) => Err(Error::AlreadyExists(format!(
-            "volume {:?} already exists and does not match the request: {why}",
-            req.name.as_str()
-        ))),
+        Some(why) => Err(PoolError::Mismatch {
+            name: req.name.as_str().to_owned(),
+            why,
+        }),
     }
 }
 
@@ -313,11 +315,9 @@ impl Pools {
 
     /// The pool named by a request, or NOT_FOUND-style INVALID_ARGUMENT.
     pub fn require(&self, name: &PoolName) -> Result<&Arc<dyn Pool>> {
-        self.get(name).ok_or_else(|| {
-            Error::InvalidArgument(format!(
-                "pool {name} does not exist on this node (pools: {})",
-                self.names()
-            ))
+        self.get(name).ok_or_else(|| PoolError::UnknownPool {
+            pool: name.clone(),
+            known: self.names(),
         })
     }
 

@@ -6,10 +6,10 @@ use std::sync::Arc;
 
 use tonic::{Request, Response, Status};
 
-use super::{bytes, decode_capabilities, decode_params, rpc, to_i64, Capability, Driver};
+use super::{bytes, decode_capabilities, decode_params, rpc, to_i64, Capability, Driver, Result};
 use crate::csi;
 use crate::csi::controller_service_capability::{rpc::Type as RpcType, Rpc, Type as CapType};
-use crate::error::{Error, Result};
+
 use crate::ids::{truncate, ParsedId, PoolName, VolumeId, VolumeName};
 use crate::pool::{
     AccessType, CapacityRange, ContentSource, CreateRequest, Pool, Snapshot, SnapshotRequest,
@@ -37,7 +37,7 @@ impl ControllerService {
         };
         if let (Some((_, src)), Some(p)) = (source, named) {
             if src.pool != *p {
-                return Err(Error::InvalidArgument(format!(
+                return Err(Status::invalid_argument(format!(
                     "the content source is in pool {}; a volume can only be made from content in its own pool, not {p}",
                     src.pool
                 )));
@@ -48,7 +48,7 @@ impl ControllerService {
             .or_else(|| source.map(|(_, src)| src.pool.clone()))
             .unwrap_or_else(|| d.pools.default_pool().clone());
         if let (Some((kind, src)), None, None) = (source, d.pools.get(&pool_name), named) {
-            return Err(Error::NotFound(format!("{kind} {src} does not exist")));
+            return Err(Status::not_found(format!("{kind} {src} does not exist")));
         }
         Ok(d.pools.require(&pool_name)?.clone())
     }
@@ -59,7 +59,7 @@ impl ControllerService {
         for other in self.driver.pools.iter().filter(|p| p.name() != pool.name()) {
             let other_id = VolumeId::new(other.name().clone(), name);
             if other.get(&other_id).await?.is_some() {
-                return Err(Error::AlreadyExists(format!(
+                return Err(Status::already_exists(format!(
                     "volume {:?} already exists in pool {}",
                     name.as_str(),
                     other.name()
@@ -74,8 +74,8 @@ impl ControllerService {
     fn snapshots_offered(&self) -> Result<()> {
         match self.driver.pools.any_snapshots() {
             true => Ok(()),
-            false => Err(Error::Unsupported(
-                "no pool of this node supports snapshots".into(),
+            false => Err(Status::unimplemented(
+                "no pool of this node supports snapshots",
             )),
         }
     }
@@ -107,7 +107,7 @@ impl ControllerService {
         {
             return Ok(());
         }
-        Err(Error::ResourceExhausted(format!(
+        Err(Status::resource_exhausted(format!(
             "node {} is not in the requested topology; volumes of this driver can only be created on the node that serves the request",
             self.driver.node_id
         )))
@@ -119,7 +119,7 @@ fn decode_max_entries(v: i32) -> Result<usize> {
     match v {
         0 => Ok(usize::MAX),
         n if n > 0 => Ok(n as usize),
-        n => Err(Error::InvalidArgument(format!(
+        n => Err(Status::invalid_argument(format!(
             "max_entries must not be negative (got {n})"
         ))),
     }
@@ -139,7 +139,7 @@ fn page<T>(
         0
     } else {
         sorted.iter().position(|e| id(e) == token).ok_or_else(|| {
-            Error::Aborted(format!(
+            Status::aborted(format!(
                 "starting_token {:?} is not valid (no such {what})",
                 truncate(token)
             ))
@@ -158,15 +158,15 @@ fn decode_snapshot_params(params: &HashMap<String, String>) -> Result<Option<u64
     let mut cow = None;
     for (k, v) in params {
         if k == PARAM_SNAPSHOT_SIZE {
-            let n = crate::size::parse_size(v).map_err(Error::InvalidArgument)?;
+            let n = crate::size::parse_size(v).map_err(Status::invalid_argument)?;
             if n == 0 {
-                return Err(Error::InvalidArgument(format!(
+                return Err(Status::invalid_argument(format!(
                     "{PARAM_SNAPSHOT_SIZE} must be positive"
                 )));
             }
             cow = Some(n);
         } else if !k.starts_with(super::K8S_PARAM_PREFIX) {
-            return Err(Error::InvalidArgument(format!(
+            return Err(Status::invalid_argument(format!(
                 "unknown snapshot parameter {:?} (known: {PARAM_SNAPSHOT_SIZE})",
                 truncate(k)
             )));
@@ -184,12 +184,12 @@ fn content_source(
 ) -> Result<Option<ContentSource>> {
     match content {
         None => Ok(None),
-        Some(_) if pool.snapshots().is_none() => Err(Error::InvalidArgument(format!(
+        Some(_) if pool.snapshots().is_none() => Err(Status::invalid_argument(format!(
             "pool {} ({}) cannot create volumes from snapshots or other volumes",
             pool.name(),
             pool.backend()
         ))),
-        Some((kind, ParsedId::Foreign(raw))) => Err(Error::NotFound(format!(
+        Some((kind, ParsedId::Foreign(raw))) => Err(Status::not_found(format!(
             "{kind} {:?} does not exist",
             truncate(&raw)
         ))),
@@ -205,8 +205,8 @@ fn decode_content_source(
     use csi::volume_content_source::Type;
     let Some(src) = src else { return Ok(None) };
     match &src.r#type {
-        None => Err(Error::InvalidArgument(
-            "volume_content_source names neither a snapshot nor a volume".into(),
+        None => Err(Status::invalid_argument(
+            "volume_content_source names neither a snapshot nor a volume",
         )),
         Some(Type::Snapshot(s)) => Ok(Some((
             "snapshot",
@@ -242,7 +242,7 @@ pub(crate) fn decode_range(r: Option<&csi::CapacityRange>) -> Result<CapacityRan
         limit: bytes("capacity_range.limit_bytes", r.limit_bytes)?,
     };
     if range.limit > 0 && range.required > range.limit {
-        return Err(Error::InvalidArgument(format!(
+        return Err(Status::invalid_argument(format!(
             "capacity_range: required_bytes {} is larger than limit_bytes {}",
             range.required, range.limit
         )));
@@ -254,12 +254,12 @@ pub(crate) fn decode_range(r: Option<&csi::CapacityRange>) -> Result<CapacityRan
 fn access_type_of(caps: &[Capability], pool: &dyn Pool) -> Result<AccessType> {
     let t = caps[0].access_type;
     if caps.iter().any(|c| c.access_type != t) {
-        return Err(Error::InvalidArgument(
-            "volume_capabilities mix block and mount access".into(),
+        return Err(Status::invalid_argument(
+            "volume_capabilities mix block and mount access",
         ));
     }
     if !pool.supports(t) {
-        return Err(Error::InvalidArgument(format!(
+        return Err(Status::invalid_argument(format!(
             "pool {} ({}) does not support {t:?} access",
             pool.name(),
             pool.backend()
@@ -282,8 +282,8 @@ impl csi::controller_server::Controller for ControllerService {
             let params = decode_params(&req.parameters)?;
             let content = decode_content_source(req.volume_content_source.as_ref())?;
             if !req.mutable_parameters.is_empty() {
-                return Err(Error::InvalidArgument(
-                    "mutable_parameters are not supported".into(),
+                return Err(Status::invalid_argument(
+                    "mutable_parameters are not supported",
                 ));
             }
             let d = &self.driver;
@@ -351,8 +351,8 @@ impl csi::controller_server::Controller for ControllerService {
         _req: Request<csi::ControllerPublishVolumeRequest>,
     ) -> Result<Response<csi::ControllerPublishVolumeResponse>, Status> {
         rpc("ControllerPublishVolume", "", async {
-            Err(Error::Unsupported(
-                "ControllerPublishVolume is not needed by local volumes".into(),
+            Err(Status::unimplemented(
+                "ControllerPublishVolume is not needed by local volumes",
             ))
         })
         .await
@@ -363,8 +363,8 @@ impl csi::controller_server::Controller for ControllerService {
         _req: Request<csi::ControllerUnpublishVolumeRequest>,
     ) -> Result<Response<csi::ControllerUnpublishVolumeResponse>, Status> {
         rpc("ControllerUnpublishVolume", "", async {
-            Err(Error::Unsupported(
-                "ControllerUnpublishVolume is not needed by local volumes".into(),
+            Err(Status::unimplemented(
+                "ControllerUnpublishVolume is not needed by local volumes",
             ))
         })
         .await
@@ -378,9 +378,7 @@ impl csi::controller_server::Controller for ControllerService {
         rpc("ValidateVolumeCapabilities", &req.volume_id, async {
             crate::ids::check_text("volume_id", &req.volume_id)?;
             if req.volume_capabilities.is_empty() {
-                return Err(Error::InvalidArgument(
-                    "volume_capabilities is required".into(),
-                ));
+                return Err(Status::invalid_argument("volume_capabilities is required"));
             }
             let (_, pool, vol) = self.driver.require("volume_id", &req.volume_id).await?;
             // Decode one by one: an unsupported capability is an answer, not an error.
@@ -530,7 +528,7 @@ impl csi::controller_server::Controller for ControllerService {
             let source = match VolumeId::parse("source_volume_id", &req.source_volume_id)? {
                 ParsedId::Volume(id) => id,
                 ParsedId::Foreign(raw) => {
-                    return Err(Error::NotFound(format!(
+                    return Err(Status::not_found(format!(
                         "source volume {:?} does not exist",
                         truncate(&raw)
                     )))
@@ -540,10 +538,10 @@ impl csi::controller_server::Controller for ControllerService {
             let pool = d
                 .pools
                 .get(&source.pool)
-                .ok_or_else(|| Error::NotFound(format!("source volume {source} does not exist")))?
+                .ok_or_else(|| Status::not_found(format!("source volume {source} does not exist")))?
                 .clone();
             let Some(snapshots) = pool.snapshots() else {
-                return Err(Error::InvalidArgument(format!(
+                return Err(Status::invalid_argument(format!(
                     "pool {} ({}) does not support snapshots",
                     pool.name(),
                     pool.backend()
@@ -568,7 +566,7 @@ impl csi::controller_server::Controller for ControllerService {
                     continue;
                 };
                 if theirs.get_snapshot(&other_id).await?.is_some() {
-                    return Err(Error::AlreadyExists(format!(
+                    return Err(Status::already_exists(format!(
                         "snapshot {:?} already exists in pool {}",
                         name.as_str(),
                         other.name()
@@ -664,7 +662,7 @@ impl csi::controller_server::Controller for ControllerService {
             crate::ids::check_text("volume_id", &req.volume_id)?;
             let range = decode_range(req.capacity_range.as_ref())?;
             if range.required == 0 && range.limit == 0 {
-                return Err(Error::InvalidArgument("capacity_range is required".into()));
+                return Err(Status::invalid_argument("capacity_range is required"));
             }
             let Some((id, pool, vol)) = self.driver.find("volume_id", &req.volume_id).await? else {
                 // Volumes live on their node, and the resizer calls the driver
@@ -675,7 +673,7 @@ impl csi::controller_server::Controller for ControllerService {
                     VolumeId::parse("volume_id", &req.volume_id)?,
                     ParsedId::Volume(_)
                 ) {
-                    return Err(Error::NotFound(format!(
+                    return Err(Status::not_found(format!(
                         "volume {:?} is not a localvol volume",
                         truncate(&req.volume_id)
                     )));
@@ -699,7 +697,7 @@ impl csi::controller_server::Controller for ControllerService {
                 // The node that holds the device extends it in NodeExpandVolume;
                 // here only the request is checked.
                 if range.required < vol.size_bytes && !range.admits(vol.size_bytes) {
-                    return Err(Error::OutOfRange(format!(
+                    return Err(Status::out_of_range(format!(
                         "volume {id} is {} bytes; shrinking is not supported",
                         vol.size_bytes
                     )));
@@ -724,8 +722,8 @@ impl csi::controller_server::Controller for ControllerService {
         _req: Request<csi::ControllerGetVolumeRequest>,
     ) -> Result<Response<csi::ControllerGetVolumeResponse>, Status> {
         rpc("ControllerGetVolume", "", async {
-            Err(Error::Unsupported(
-                "ControllerGetVolume is not supported".into(),
+            Err(Status::unimplemented(
+                "ControllerGetVolume is not supported",
             ))
         })
         .await
@@ -736,8 +734,8 @@ impl csi::controller_server::Controller for ControllerService {
         _req: Request<csi::ControllerModifyVolumeRequest>,
     ) -> Result<Response<csi::ControllerModifyVolumeResponse>, Status> {
         rpc("ControllerModifyVolume", "", async {
-            Err(Error::Unsupported(
-                "ControllerModifyVolume is not supported".into(),
+            Err(Status::unimplemented(
+                "ControllerModifyVolume is not supported",
             ))
         })
         .await

@@ -12,13 +12,16 @@ use tonic::{Code, Response, Status};
 use crate::csi;
 use crate::csi::volume_capability::access_mode::Mode;
 pub use crate::driver::{Driver, TOPOLOGY_KEY};
-use crate::error::{Error, Result};
+
+/// What every handler and decoder here returns: the code is chosen here.
+pub type Result<T, E = Status> = std::result::Result<T, E>;
 use crate::ids::{truncate, PoolName};
 use crate::pool::{AccessMode, AccessType};
 
 pub mod controller;
 pub mod identity;
 pub mod node;
+pub mod status;
 
 /// StorageClass parameter that picks a pool.
 pub const PARAM_POOL: &str = "pool";
@@ -54,8 +57,8 @@ pub fn decode_capability(c: &csi::VolumeCapability) -> Result<Capability> {
         Some(At::Mount(m)) => (AccessType::Mount, m.fs_type.clone(), m.mount_flags.clone()),
         Some(At::Block(_)) => (AccessType::Block, String::new(), Vec::new()),
         None => {
-            return Err(Error::InvalidArgument(
-                "volume capability has no access type (mount or block)".into(),
+            return Err(Status::invalid_argument(
+                "volume capability has no access type (mount or block)",
             ))
         }
     };
@@ -63,7 +66,7 @@ pub fn decode_capability(c: &csi::VolumeCapability) -> Result<Capability> {
         .access_mode
         .as_ref()
         .map(|m| m.mode)
-        .ok_or_else(|| Error::InvalidArgument("volume capability has no access mode".into()))?;
+        .ok_or_else(|| Status::invalid_argument("volume capability has no access mode"))?;
     let mode = match Mode::try_from(raw_mode) {
         Ok(Mode::SingleNodeWriter) => AccessMode::SingleNodeWriter,
         Ok(Mode::SingleNodeReaderOnly) => AccessMode::SingleNodeReaderOnly,
@@ -74,27 +77,27 @@ pub fn decode_capability(c: &csi::VolumeCapability) -> Result<Capability> {
             | Mode::MultiNodeSingleWriter
             | Mode::MultiNodeMultiWriter),
         ) => {
-            return Err(Error::InvalidArgument(format!(
+            return Err(Status::invalid_argument(format!(
                 "access mode {} is not supported: localvol volumes live on one node",
                 m.as_str_name()
             )))
         }
         Ok(Mode::Unknown) | Err(_) => {
-            return Err(Error::InvalidArgument(format!(
+            return Err(Status::invalid_argument(format!(
                 "unknown access mode {raw_mode}"
             )))
         }
     };
     for f in &mount_flags {
         if f.is_empty() || f.len() > 256 || f.contains(|ch: char| ch.is_control() || ch == ',') {
-            return Err(Error::InvalidArgument(format!(
+            return Err(Status::invalid_argument(format!(
                 "invalid mount flag {:?}",
                 truncate(f)
             )));
         }
     }
     if !matches!(fs_type.as_str(), "" | "ext4" | "xfs") {
-        return Err(Error::InvalidArgument(format!(
+        return Err(Status::invalid_argument(format!(
             "fs_type {:?} is not supported (ext4 or xfs)",
             truncate(&fs_type)
         )));
@@ -110,9 +113,7 @@ pub fn decode_capability(c: &csi::VolumeCapability) -> Result<Capability> {
 /// Decodes a non-empty capability list.
 pub fn decode_capabilities(caps: &[csi::VolumeCapability]) -> Result<Vec<Capability>> {
     if caps.is_empty() {
-        return Err(Error::InvalidArgument(
-            "volume_capabilities is required".into(),
-        ));
+        return Err(Status::invalid_argument("volume_capabilities is required"));
     }
     caps.iter().map(decode_capability).collect()
 }
@@ -134,7 +135,7 @@ pub fn decode_params(params: &HashMap<String, String>) -> Result<PoolParams> {
             out.kept.insert(k.clone(), v.clone());
         } else if k == PARAM_INODE_LIMIT {
             let n: u64 = v.parse().ok().filter(|n| *n > 0).ok_or_else(|| {
-                Error::InvalidArgument(format!(
+                Status::invalid_argument(format!(
                     "{PARAM_INODE_LIMIT} must be a positive integer (got {:?})",
                     truncate(v)
                 ))
@@ -144,13 +145,13 @@ pub fn decode_params(params: &HashMap<String, String>) -> Result<PoolParams> {
         } else if let Some(rest) = k.strip_prefix(K8S_PARAM_PREFIX) {
             crate::ids::check_text("parameter name", rest)?;
             if v.len() > 1024 || v.contains(char::is_control) {
-                return Err(Error::InvalidArgument(format!(
+                return Err(Status::invalid_argument(format!(
                     "parameter {k} has an invalid value"
                 )));
             }
             out.kept.insert(k.clone(), v.clone());
         } else {
-            return Err(Error::InvalidArgument(format!(
+            return Err(Status::invalid_argument(format!(
                 "unknown parameter {:?} (known: {PARAM_POOL}, {PARAM_INODE_LIMIT}, {K8S_PARAM_PREFIX}*)",
                 truncate(k)
             )));
@@ -162,7 +163,7 @@ pub fn decode_params(params: &HashMap<String, String>) -> Result<PoolParams> {
 /// Converts a CSI byte count (int64) to u64; negative is INVALID_ARGUMENT.
 pub fn bytes(what: &str, v: i64) -> Result<u64> {
     u64::try_from(v)
-        .map_err(|_| Error::InvalidArgument(format!("{what} must not be negative (got {v})")))
+        .map_err(|_| Status::invalid_argument(format!("{what} must not be negative (got {v})")))
 }
 
 pub fn to_i64(v: u64) -> i64 {
@@ -176,7 +177,7 @@ where
     F: Future<Output = Result<T>>,
 {
     let start = Instant::now();
-    let res = f.await.map(Response::new).map_err(Status::from);
+    let res = f.await.map(Response::new);
     let code = match &res {
         Ok(_) => Code::Ok,
         Err(s) => s.code(),
@@ -195,42 +196,4 @@ where
         }
     }
     res
-}
-
-/// The one place where the driver's errors become gRPC statuses.
-impl From<Error> for Status {
-    fn from(e: Error) -> Self {
-        let code = match &e {
-            Error::InvalidArgument(_) => Code::InvalidArgument,
-            Error::NotFound(_) => Code::NotFound,
-            Error::AlreadyExists(_) => Code::AlreadyExists,
-            Error::ResourceExhausted(_) => Code::ResourceExhausted,
-            Error::OutOfRange(_) => Code::OutOfRange,
-            Error::Aborted(_) => Code::Aborted,
-            Error::FailedPrecondition(_) => Code::FailedPrecondition,
-            Error::Unavailable(_) => Code::Unavailable,
-            Error::Unsupported(_) => Code::Unimplemented,
-            Error::Io { source, .. } if source.raw_os_error() == Some(libc::ENOSPC) => {
-                Code::ResourceExhausted
-            }
-            Error::Io { source, .. } if source.raw_os_error() == Some(libc::EDQUOT) => {
-                Code::ResourceExhausted
-            }
-            Error::Command(c) if c.is_timeout() => Code::DeadlineExceeded,
-            Error::Io { .. } | Error::Command(_) | Error::Internal(_) => Code::Internal,
-        };
-        // Keep the whole source chain in the message: it is what an operator reads
-        // in `kubectl describe`.
-        let mut msg = e.to_string();
-        let mut src = std::error::Error::source(&e);
-        while let Some(s) = src {
-            let s_str = s.to_string();
-            if !msg.contains(&s_str) {
-                msg.push_str(": ");
-                msg.push_str(&s_str);
-            }
-            src = s.source();
-        }
-        Status::new(code, msg)
-    }
 }

@@ -5,15 +5,15 @@ use std::sync::Arc;
 
 use tonic::{Request, Response, Status};
 
-use super::{decode_capability, rpc, to_i64, Capability, Driver};
+use super::{decode_capability, rpc, to_i64, Capability, Driver, Result};
 use crate::blockdev::{self, Content, FsType};
 use crate::csi;
 use crate::csi::node_service_capability::{rpc::Type as RpcType, Rpc, Type as CapType};
-use crate::error::{blocking, Error, Result};
+use crate::error::blocking;
 use crate::fsutil::{self, PathPlace, RequestPath};
 use crate::ids::{check_text, truncate};
 use crate::mount::parse_bind_flag;
-use crate::nodeops::{self, MountAt};
+use crate::nodeops::{self, MountAt, NodeError};
 use crate::pool::{AccessMode, AccessType, Pool, Source, Volume};
 use sys_mount::MountFlags;
 
@@ -30,13 +30,13 @@ impl NodeService {
     /// kubelet's directory or passes through a symlink).
     async fn path(&self, what: &'static str, p: &str) -> Result<PathBuf> {
         let rp = self.request_path(what, p)?;
-        blocking(move || rp.resolve()).await
+        blocking(move || Ok(rp.resolve()?)).await
     }
 
     /// The checks of [`NodeService::path`] that need no filesystem; the caller
     /// resolves it in the blocking call that uses it (one handoff, not two).
     fn request_path(&self, what: &'static str, p: &str) -> Result<RequestPath> {
-        RequestPath::parse(what, &self.driver.kubelet_dir, p)
+        Ok(RequestPath::parse(what, &self.driver.kubelet_dir, p)?)
     }
 
     /// Like [`NodeService::path`], and NOT_FOUND when nothing is there.
@@ -48,16 +48,16 @@ impl NodeService {
         &self,
         volume_id: &str,
         path: &RequestPath,
-        op: fn(&Path, &Path, &Path) -> Result<bool>,
+        op: fn(&Path, &Path, &Path) -> Result<bool, NodeError>,
     ) -> Result<bool> {
         let Some((id, dev)) = self.driver.device_of("volume_id", volume_id)? else {
             return Ok(false);
         };
         let _guard = self.driver.lock_volume(&id)?;
         let path = path.clone();
-        blocking(move || {
+        blocking(move || -> Result<_> {
             let (scope, path) = path.resolve_in()?;
-            op(&scope, &path, &dev)
+            Ok(op(&scope, &path, &dev)?)
         })
         .await
     }
@@ -82,17 +82,17 @@ impl NodeService {
         let rp = match place {
             PathPlace::Below(rp) => rp,
             PathPlace::Elsewhere(why) => {
-                return Err(Error::NotFound(format!(
+                return Err(Status::not_found(format!(
                     "volume {} is not at that path: {why}",
                     vol.id
                 )))
             }
         };
         let (src, access, id) = (pool.source(vol)?, vol.access_type, vol.id.clone());
-        blocking(move || {
+        blocking(move || -> Result<_> {
             let path = rp.resolve()?;
             if std::fs::symlink_metadata(&path).is_err() {
-                return Err(Error::NotFound(format!(
+                return Err(Status::not_found(format!(
                     "volume_path {path:?} does not exist"
                 )));
             }
@@ -112,7 +112,7 @@ impl NodeService {
                     );
                     Ok((path, Err(why)))
                 }
-                MountAt::Other => Err(Error::NotFound(format!(
+                MountAt::Other => Err(Status::not_found(format!(
                     "volume {id} is not at {path:?}: another mount is there"
                 ))),
             }
@@ -124,21 +124,23 @@ impl NodeService {
     /// malformed text is INVALID_ARGUMENT, a well-formed path where no volume
     /// can be is answered later, once the volume is known to exist.
     fn lookup_path(&self, p: &str) -> Result<PathPlace> {
-        RequestPath::place("volume_path", &self.driver.kubelet_dir, p)
+        Ok(RequestPath::place(
+            "volume_path",
+            &self.driver.kubelet_dir,
+            p,
+        )?)
     }
 }
 
 /// Decodes the capability a node call was given (required).
 fn node_capability(c: Option<&csi::VolumeCapability>) -> Result<Capability> {
-    decode_capability(
-        c.ok_or_else(|| Error::InvalidArgument("volume_capability is required".into()))?,
-    )
+    decode_capability(c.ok_or_else(|| Status::invalid_argument("volume_capability is required"))?)
 }
 
 /// The capability's access type must be the volume's.
 fn check_access_type(cap: &Capability, vol: &Volume) -> Result<()> {
     if cap.access_type != vol.access_type {
-        return Err(Error::InvalidArgument(format!(
+        return Err(Status::invalid_argument(format!(
             "volume {} is a {:?} volume; the capability asks for {:?}",
             vol.id, vol.access_type, cap.access_type
         )));
@@ -165,14 +167,14 @@ fn mount_options(cap: &Capability, src: &Source) -> Result<MountOptions> {
         }
         match src {
             Source::Directory(_) => {
-                return Err(Error::InvalidArgument(format!(
+                return Err(Status::invalid_argument(format!(
                     "mount flag {:?} is not supported for directory volumes (use ro, nosuid, nodev, noexec, noatime, nodiratime, relatime, strictatime)",
                     truncate(f)
                 )))
             }
             Source::Device(_) => {
                 if !f.chars().all(|c| c.is_ascii_alphanumeric() || "_.=:/+-".contains(c)) {
-                    return Err(Error::InvalidArgument(format!("invalid mount option {:?}", truncate(f))));
+                    return Err(Status::invalid_argument(format!("invalid mount option {:?}", truncate(f))));
                 }
                 out.data.push(f.clone());
             }
@@ -198,19 +200,19 @@ async fn prepare_filesystem(
         Content::Empty => Ok(fs_if_blank),
         Content::Filesystem(t) => {
             let found = FsType::parse(&t).map_err(|_| {
-                Error::FailedPrecondition(format!(
+                Status::failed_precondition(format!(
                     "{dev:?} holds a {t} filesystem, which this driver does not mount"
                 ))
             })?;
             if requested.is_some_and(|r| r != found) {
-                return Err(Error::FailedPrecondition(format!(
+                return Err(Status::failed_precondition(format!(
                     "{dev:?} already holds {t}; the request asks for {}: not reformatting",
                     cap.fs_type
                 )));
             }
             Ok(found)
         }
-        Content::Other(what) => Err(Error::FailedPrecondition(format!(
+        Content::Other(what) => Err(Status::failed_precondition(format!(
             "{dev:?} holds {what}; not formatting or mounting it"
         ))),
     }
@@ -237,7 +239,10 @@ impl csi::node_server::Node for NodeService {
             }
             match (src, vol.access_type) {
                 (Source::Directory(dir), _) => {
-                    blocking(move || nodeops::stage_dir(&dir, &staging.resolve()?)).await?;
+                    blocking(move || -> Result<()> {
+                        Ok(nodeops::stage_dir(&dir, &staging.resolve()?)?)
+                    })
+                    .await?;
                 }
                 // Raw block volumes are published straight from the device;
                 // the staging path is only checked.
@@ -246,7 +251,7 @@ impl csi::node_server::Node for NodeService {
                 }
                 (Source::Device(dev), AccessType::Mount) => {
                     let d = dev.clone();
-                    let (staging, staged) = blocking(move || {
+                    let (staging, staged) = blocking(move || -> Result<_> {
                         let staging = staging.resolve()?;
                         let want = nodeops::volume_location(&Source::Device(d), AccessType::Mount)?;
                         let staged = match nodeops::is_staged(&staging, &want)? {
@@ -271,8 +276,14 @@ impl csi::node_server::Node for NodeService {
                     }
                     let data = data.join(",");
                     let (d, st) = (dev.clone(), staging.clone());
-                    blocking(move || {
-                        nodeops::stage_device(&d, &st, fs.as_str(), opts.flags, &data)
+                    blocking(move || -> Result<_> {
+                        Ok(nodeops::stage_device(
+                            &d,
+                            &st,
+                            fs.as_str(),
+                            opts.flags,
+                            &data,
+                        )?)
                     })
                     .await?;
                     // Restored or cloned into a larger volume: the filesystem
@@ -305,9 +316,9 @@ impl csi::node_server::Node for NodeService {
             let (id, pool, vol) = self.driver.require("volume_id", &req.volume_id).await?;
             let _guard = self.driver.lock_volume(&id)?;
             let src = pool.source(&vol).ok();
-            blocking(move || {
+            blocking(move || -> Result<_> {
                 let (scope, staging) = staging.resolve_in()?;
-                nodeops::unstage(&scope, &staging, src.as_ref())
+                Ok(nodeops::unstage(&scope, &staging, src.as_ref())?)
             })
             .await?;
             Ok(csi::NodeUnstageVolumeResponse {})
@@ -331,7 +342,7 @@ impl csi::node_server::Node for NodeService {
                 s => Some(self.request_path("staging_target_path", s)?),
             };
             if staging.as_ref().is_some_and(|s| s.overlaps(&target)) {
-                return Err(Error::InvalidArgument(format!(
+                return Err(Status::invalid_argument(format!(
                     "target_path {:?} is, or overlaps, the staging path {:?}: a pod's mount must be its own",
                     req.target_path, req.staging_target_path
                 )));
@@ -348,21 +359,21 @@ impl csi::node_server::Node for NodeService {
                 if vol.inactive {
                     pool.activate(&vol).await?;
                 }
-                blocking(move || {
+                blocking(move || -> Result<_> {
                     let (scope, target) = target.resolve_in()?;
-                    nodeops::publish_block(&dev, &scope, &target, read_only, single_writer)
+                    Ok(nodeops::publish_block(&dev, &scope, &target, read_only, single_writer)?)
                 })
                 .await?;
                 return Ok(csi::NodePublishVolumeResponse {});
             }
             let staging = staging.ok_or_else(|| {
-                Error::InvalidArgument("staging_target_path is required".into())
+                Status::invalid_argument("staging_target_path is required")
             })?;
             let _guard = self.driver.lock_volume(&id)?;
             let access = vol.access_type;
-            blocking(move || {
+            blocking(move || -> Result<_> {
                 let (staging, (scope, target)) = (staging.resolve()?, target.resolve_in()?);
-                nodeops::publish(
+                Ok(nodeops::publish(
                     &scope,
                     &staging,
                     &target,
@@ -371,7 +382,7 @@ impl csi::node_server::Node for NodeService {
                     read_only,
                     opts.flags,
                     single_writer,
-                )
+                )?)
             })
             .await?;
             Ok(csi::NodePublishVolumeResponse {})
@@ -397,10 +408,12 @@ impl csi::node_server::Node for NodeService {
             let Some((id, pool, vol)) = found else {
                 // Nothing left to attribute the target to. An empty target is
                 // idempotently gone; a mounted one is not ours to touch.
-                let removed =
-                    blocking(move || nodeops::remove_unmounted_target(&target.resolve()?)).await?;
+                let removed = blocking(move || -> Result<bool> {
+                    Ok(nodeops::remove_unmounted_target(&target.resolve()?)?)
+                })
+                .await?;
                 if !removed {
-                    return Err(Error::NotFound(format!(
+                    return Err(Status::not_found(format!(
                         "volume {:?} does not exist",
                         req.volume_id
                     )));
@@ -409,8 +422,11 @@ impl csi::node_server::Node for NodeService {
             };
             let _guard = self.driver.lock_volume(&id)?;
             let (src, access) = (pool.source(&vol).ok(), vol.access_type);
-            blocking(move || {
-                nodeops::unpublish(&target.resolve()?, src.as_ref().map(|s| (s, access)))
+            blocking(move || -> Result<_> {
+                Ok(nodeops::unpublish(
+                    &target.resolve()?,
+                    src.as_ref().map(|s| (s, access)),
+                )?)
             })
             .await?;
             Ok(csi::NodeUnpublishVolumeResponse {})
@@ -511,7 +527,7 @@ impl csi::node_server::Node for NodeService {
             // the word of a path that is another volume's (or nothing).
             let (path, mounted) = self.volume_path(place, &pool, &vol).await?;
             if let Err(why) = mounted {
-                return Err(Error::FailedPrecondition(format!(
+                return Err(Status::failed_precondition(format!(
                     "not expanding volume {id}: {why}; publish or stage it first"
                 )));
             }
@@ -532,7 +548,7 @@ impl csi::node_server::Node for NodeService {
                 let fs = blocking(move || nodeops::fs_type_at(&mp))
                     .await?
                     .ok_or_else(|| {
-                        Error::FailedPrecondition(format!(
+                        Status::failed_precondition(format!(
                             "{mount_point:?} is not mounted; stage the volume first"
                         ))
                     })?;

@@ -220,7 +220,7 @@ async fn lifecycle(ctx: &Ctx, i: usize, p: &Paths, samples: &mut Samples) -> Res
 /// A blocking syscall step off the executor.
 async fn sys<F>(f: F) -> Result<(), String>
 where
-    F: FnOnce() -> localvol::error::Result<()> + Send + 'static,
+    F: FnOnce() -> Result<(), localvol::error::IoError> + Send + 'static,
 {
     localvol::error::blocking(f)
         .await
@@ -312,7 +312,7 @@ async fn publish(p: &Paths, done: &mut Progress) -> Result<(), String> {
     let target = p.target.clone();
     sys(move || {
         std::fs::create_dir(&target)
-            .map_err(|e| localvol::error::Error::io(format!("mkdir {target:?}"), e))
+            .map_err(|e| localvol::error::IoError::new(format!("mkdir {target:?}"), e))
     })
     .await?;
     done.target_dir = true;
@@ -330,7 +330,7 @@ async fn unpublish(p: &Paths, done: &mut Progress) -> Result<(), String> {
     let target = p.target.clone();
     sys(move || {
         std::fs::remove_dir(&target)
-            .map_err(|e| localvol::error::Error::io(format!("rmdir {target:?}"), e))
+            .map_err(|e| localvol::error::IoError::new(format!("rmdir {target:?}"), e))
     })
     .await?;
     done.target_dir = false;

@@ -2,9 +2,9 @@
 //! extents, and what GetCapacity offers.
 
 use super::LvmPool;
-use crate::error::{Error, Result};
 use crate::lvm;
 use crate::pool::CapacityRange;
+use crate::pool::{PoolError, Result};
 
 /// A thin pool fuller than this makes its volumes' condition abnormal.
 pub(super) const THIN_FULL_PERCENT: f64 = 90.0;
@@ -20,7 +20,7 @@ pub(super) fn size_in_extents(range: CapacityRange, default: u64, extent: u64) -
     };
     let size = want.div_ceil(extent).saturating_mul(extent);
     if range.limit > 0 && size > range.limit {
-        return Err(Error::OutOfRange(format!(
+        return Err(PoolError::SizeRefused(format!(
             "no whole number of extents ({extent} bytes each) fits between required_bytes {} and limit_bytes {}",
             range.required, range.limit
         )));
@@ -60,7 +60,7 @@ impl LvmPool {
                     .iter()
                     .find(|l| &l.name == thin && l.is_thin_pool())
                     .ok_or_else(|| {
-                        Error::Unavailable(format!("thin pool {}/{thin} is missing", self.vg))
+                        self.unavailable(format!("thin pool {}/{thin} is missing", self.vg))
                     })?;
                 let virtual_total = ((pool.size as f64) * self.ratio) as u64;
                 let promised: u64 = lvs
@@ -85,16 +85,20 @@ impl LvmPool {
 
     pub(super) fn check_room(&self, size: u64, ever: u64, now: u64, what: &str) -> Result<()> {
         if size > ever {
-            return Err(Error::OutOfRange(format!(
-                "{what}: {size} bytes is more than pool {} can ever hold ({ever} bytes)",
-                self.name
-            )));
+            return Err(PoolError::TooLarge {
+                what: what.to_owned(),
+                bytes: size,
+                pool: self.name.clone(),
+                total: ever,
+            });
         }
         if size > now {
-            return Err(Error::ResourceExhausted(format!(
-                "{what}: pool {} has room for {now} bytes, {size} requested",
-                self.name
-            )));
+            return Err(PoolError::NoSpace {
+                what: what.to_owned(),
+                bytes: size,
+                pool: self.name.clone(),
+                free: now,
+            });
         }
         Ok(())
     }

@@ -24,12 +24,11 @@ use std::sync::{Arc, Mutex};
 use async_trait::async_trait;
 
 use super::{
-    AccessType, Capacity, CapacityRange, CreateRequest, Expanded, NodeSide, Pool, Snapshot,
-    SnapshotRequest, Snapshots, Source, Usage, Volume,
+    AccessType, Capacity, CapacityRange, CreateRequest, Expanded, NodeSide, Pool, PoolError,
+    Result, Snapshot, SnapshotRequest, Snapshots, Source, Usage, Volume,
 };
 use crate::blockdev::FsType;
 use crate::config::{LvmPoolConfig, DEFAULT_VOLUME_SIZE};
-use crate::error::{Error, Result};
 use crate::ids::{PoolName, VolumeId, VolumeKey};
 use crate::lvm::{self, LvInfo, LvmError, NewLv};
 
@@ -65,7 +64,12 @@ pub struct LvmPool {
 impl LvmPool {
     pub async fn open(cfg: LvmPoolConfig) -> Result<Self> {
         let pool = LvmPool {
-            default_fs: FsType::parse(&cfg.default_fs_type)?,
+            default_fs: FsType::parse(&cfg.default_fs_type).map_err(|e| {
+                PoolError::Misconfigured {
+                    pool: cfg.name.to_string(),
+                    why: e.to_string(),
+                }
+            })?,
             name: cfg.name,
             vg: cfg.volume_group,
             thin: cfg.thin_pool,
@@ -77,11 +81,19 @@ impl LvmPool {
             alloc: tokio::sync::Mutex::new(()),
             copies: Arc::default(),
         };
-        pool.check()
-            .await
-            .map_err(|e| Error::FailedPrecondition(format!("pool {}: {e}", pool.name)))?;
+        pool.check().await.map_err(|e| PoolError::Misconfigured {
+            pool: pool.name.to_string(),
+            why: e.to_string(),
+        })?;
         tracing::info!(pool = %pool.name, vg = pool.vg, thin = ?pool.thin, "lvm pool opened");
         Ok(pool)
+    }
+
+    fn unavailable(&self, why: String) -> PoolError {
+        PoolError::Unavailable {
+            pool: self.name.to_string(),
+            why,
+        }
     }
 
     fn lv_path(&self, lv: &str) -> String {
@@ -175,7 +187,7 @@ impl Pool for LvmPool {
     async fn check(&self) -> Result<()> {
         lvm::vg(&self.vg).await.map_err(|e| match e {
             LvmError::NotFound(_) => {
-                Error::Unavailable(format!("volume group {} not found", self.vg))
+                self.unavailable(format!("volume group {} not found", self.vg))
             }
             other => other.into(),
         })?;
@@ -183,16 +195,10 @@ impl Pool for LvmPool {
             match lvm::lv(&self.vg, thin).await? {
                 Some(lv) if lv.is_thin_pool() => {}
                 Some(_) => {
-                    return Err(Error::Unavailable(format!(
-                        "{}/{thin} is not a thin pool",
-                        self.vg
-                    )))
+                    return Err(self.unavailable(format!("{}/{thin} is not a thin pool", self.vg)))
                 }
                 None => {
-                    return Err(Error::Unavailable(format!(
-                        "thin pool {}/{thin} not found",
-                        self.vg
-                    )))
+                    return Err(self.unavailable(format!("thin pool {}/{thin} not found", self.vg)))
                 }
             }
         }
@@ -201,7 +207,7 @@ impl Pool for LvmPool {
 
     async fn create(&self, req: &CreateRequest) -> Result<Volume> {
         if req.inode_limit.is_some() {
-            return Err(Error::InvalidArgument(format!(
+            return Err(PoolError::UnsupportedParameter(format!(
                 "inodeLimit applies to dir pools; pool {} is LVM",
                 self.name
             )));
@@ -214,11 +220,13 @@ impl Pool for LvmPool {
             if self.is_ours(&lv) && lv.tag_value(TAG_SOURCE).is_some() {
                 // A restore or clone (complete or not) is not the empty
                 // volume this request asks for.
-                return Err(Error::AlreadyExists(format!(
-                    "volume {:?} already exists, made from {}; this request has no content source",
-                    req.name.as_str(),
-                    lv.tag_value(TAG_SOURCE).unwrap_or_default()
-                )));
+                return Err(PoolError::Mismatch {
+                    name: req.name.as_str().to_owned(),
+                    why: format!(
+                        "it was made from {}; this request has no content source",
+                        lv.tag_value(TAG_SOURCE).unwrap_or_default()
+                    ),
+                });
             }
             if self.is_ours(&lv)
                 && lv.has_tag(TAG_CREATING)
@@ -247,7 +255,7 @@ impl Pool for LvmPool {
             Err(e) => return Err(e.into()),
         };
         let mut lv = self.lookup(&req.id.key).await?.ok_or_else(|| {
-            Error::Internal(format!(
+            PoolError::Inconsistent(format!(
                 "lvcreate succeeded but {}/{} is missing",
                 self.vg,
                 lv_name(&req.id.key)
@@ -283,16 +291,19 @@ impl Pool for LvmPool {
             return Ok(());
         };
         if !self.is_ours(&lv) {
-            return Err(Error::FailedPrecondition(format!(
-                "LV {}/{} does not carry this pool's tags; not removing it",
-                self.vg, lv.name
-            )));
+            return Err(PoolError::ForeignLv {
+                path: self.lv_path(&lv.name),
+                kind: "volume",
+            });
         }
         if lv.open {
-            return Err(Error::FailedPrecondition(format!(
-                "volume {id} ({}) is in use (mounted or open); unpublish and unstage it first",
-                lv.path
-            )));
+            return Err(PoolError::InUse {
+                volume: id.to_string(),
+                why: format!(
+                    "({}) is in use (mounted or open); unpublish and unstage it first",
+                    lv.path
+                ),
+            });
         }
         // A published raw block volume is a bind of its device node, which
         // does not open the device: look for it in the mount table.
@@ -302,15 +313,16 @@ impl Pool for LvmPool {
             match crate::mount::locate_device_node(&table, &dev) {
                 Ok(loc) => Ok(table.mounts_of(&loc).next().map(|m| m.mount_point.clone())),
                 // Not active: no device node to bind.
-                Err(Error::NotFound(_)) => Ok(None),
+                Err(crate::mount::MountError::DeviceMissing { .. }) => Ok(None),
                 Err(e) => Err(e),
             }
         })
         .await?;
         if let Some(at) = bound {
-            return Err(Error::FailedPrecondition(format!(
-                "volume {id} is published at {at:?}; unpublish it first"
-            )));
+            return Err(PoolError::InUse {
+                volume: id.to_string(),
+                why: format!("is published at {at:?}; unpublish it first"),
+            });
         }
         let dependants: Vec<String> = all
             .iter()
@@ -319,10 +331,13 @@ impl Pool for LvmPool {
             .map(|l| l.name.clone())
             .collect();
         if !dependants.is_empty() {
-            return Err(Error::FailedPrecondition(format!(
-                "volume {id} still has snapshots ({}); delete them first",
-                dependants.join(", ")
-            )));
+            return Err(PoolError::InUse {
+                volume: id.to_string(),
+                why: format!(
+                    "still has snapshots ({}); delete them first",
+                    dependants.join(", ")
+                ),
+            });
         }
         Ok(lvm::remove(&self.lv_path(&lv.name)).await?)
     }
@@ -331,7 +346,7 @@ impl Pool for LvmPool {
         let lv = self
             .lookup(&id.key)
             .await?
-            .ok_or_else(|| Error::NotFound(format!("volume {id} does not exist")))?;
+            .ok_or_else(|| PoolError::VolumeNotFound(id.to_string()))?;
         let size = self.size_for(range).await?;
         if size < lv.size {
             if range.admits(lv.size) {
@@ -340,7 +355,7 @@ impl Pool for LvmPool {
                     node_expansion_required: true,
                 });
             }
-            return Err(Error::OutOfRange(format!(
+            return Err(PoolError::SizeRefused(format!(
                 "volume {id} is {} bytes; shrinking is not supported",
                 lv.size
             )));
@@ -393,7 +408,7 @@ impl NodeSide for LvmPool {
             .id
             .rsplit_once('.')
             .and_then(|(_, k)| VolumeKey::parse(k))
-            .ok_or_else(|| Error::Internal(format!("malformed volume id {:?}", vol.id)))?;
+            .ok_or_else(|| PoolError::Inconsistent(format!("malformed volume id {:?}", vol.id)))?;
         Ok(Source::Device(PathBuf::from(format!(
             "/dev/{}/{}",
             self.vg,
@@ -469,11 +484,13 @@ impl Snapshots for LvmPool {
         if let Some(lv) = lvm::lv(&self.vg, &name).await? {
             let snap = self.to_snapshot(&lv).ok_or_else(|| self.not_ours(&name))?;
             if snap.name != req.name.as_str() || snap.source_volume_id != req.source.to_string() {
-                return Err(Error::AlreadyExists(format!(
-                    "snapshot {:?} already exists for another source volume ({})",
-                    req.name.as_str(),
-                    snap.source_volume_id
-                )));
+                return Err(PoolError::Mismatch {
+                    name: req.name.as_str().to_owned(),
+                    why: format!(
+                        "it is a snapshot of another source volume ({})",
+                        snap.source_volume_id
+                    ),
+                });
             }
             return Ok(snap);
         }
@@ -481,9 +498,7 @@ impl Snapshots for LvmPool {
             .lookup(&req.source.key)
             .await?
             .filter(|l| self.to_volume(l).is_some())
-            .ok_or_else(|| {
-                Error::NotFound(format!("source volume {} does not exist", req.source))
-            })?;
+            .ok_or_else(|| PoolError::SourceNotFound(req.source.to_string()))?;
         let access = self
             .to_volume(&src)
             .map_or(AccessType::Mount, |v| v.access_type);
@@ -509,13 +524,13 @@ impl Snapshots for LvmPool {
             Err(e) => return Err(e.into()),
         }
         let lv = lvm::lv(&self.vg, &name).await?.ok_or_else(|| {
-            Error::Internal(format!(
+            PoolError::Inconsistent(format!(
                 "snapshot LV {} missing after lvcreate",
                 self.lv_path(&name)
             ))
         })?;
         self.to_snapshot(&lv).ok_or_else(|| {
-            Error::Internal(format!(
+            PoolError::Inconsistent(format!(
                 "snapshot LV {} has unexpected tags",
                 self.lv_path(&name)
             ))
@@ -528,10 +543,10 @@ impl Snapshots for LvmPool {
             return Ok(());
         };
         if self.to_snapshot(&lv).is_none() {
-            return Err(Error::FailedPrecondition(format!(
-                "LV {} does not carry this pool's snapshot tags; not removing it",
-                self.lv_path(&name)
-            )));
+            return Err(PoolError::ForeignLv {
+                path: self.lv_path(&name),
+                kind: "snapshot",
+            });
         }
         Ok(lvm::remove(&self.lv_path(&name)).await?)
     }

@@ -9,9 +9,9 @@ use futures::future::{BoxFuture, FutureExt, Shared};
 
 use super::tags::*;
 use super::LvmPool;
-use crate::error::{Error, Result};
 use crate::lvm::{self, LvInfo, LvmError};
 use crate::pool::{ContentSource, CreateRequest, Volume};
+use crate::pool::{PoolError, Result};
 
 pub(super) type SharedCopy = Shared<BoxFuture<'static, std::result::Result<(), String>>>;
 
@@ -23,11 +23,13 @@ pub(super) async fn copy_and_mark(vg: String, from: String, to: String, bytes: u
     let target = PathBuf::from(format!("/dev/{vg}/{to}"));
     let is_dev = crate::error::blocking(move || {
         use std::os::unix::fs::FileTypeExt;
-        Ok(std::fs::metadata(&target).is_ok_and(|m| m.file_type().is_block_device()))
+        Ok::<_, PoolError>(
+            std::fs::metadata(&target).is_ok_and(|m| m.file_type().is_block_device()),
+        )
     })
     .await?;
     if !is_dev {
-        return Err(Error::Internal(format!(
+        return Err(PoolError::Inconsistent(format!(
             "/dev/{vg}/{to} is not a block device (LV not active?)"
         )));
     }
@@ -95,13 +97,10 @@ impl LvmPool {
                     // A COW snapshot whose area overflowed: dm-snapshot
                     // dropped it, its reads fail.
                     (Some(_), Some(snap)) if !snap.ready => {
-                        Err(Error::FailedPrecondition(format!(
-                            "snapshot {id} is invalid: its copy-on-write space (snapshotSize) \
-                             filled up; it cannot be restored"
-                        )))
+                        Err(PoolError::SnapshotInvalid(id.to_string()))
                     }
                     (Some(lv), Some(snap)) => Ok((lv, snap.size_bytes)),
-                    _ => Err(Error::NotFound(format!("snapshot {id} does not exist"))),
+                    _ => Err(PoolError::SnapshotNotFound(id.to_string())),
                 }
             }
             ContentSource::Volume(id) => {
@@ -111,9 +110,7 @@ impl LvmPool {
                         let size = lv.size;
                         Ok((lv, size))
                     }
-                    None => Err(Error::NotFound(format!(
-                        "source volume {id} does not exist"
-                    ))),
+                    None => Err(PoolError::SourceNotFound(id.to_string())),
                 }
             }
         }
@@ -140,8 +137,9 @@ impl LvmPool {
                 })
                 .clone()
         };
-        copy.await
-            .map_err(|e| Error::Internal(format!("copying into {}: {e}", self.lv_path(&to))))
+        copy.await.map_err(|e| {
+            PoolError::Inconsistent(format!("copying into {}: {e}", self.lv_path(&to)))
+        })
     }
 
     /// Creates a volume from a snapshot or another volume. Thin pools: a thin
@@ -170,7 +168,11 @@ impl LvmPool {
         }
         let (src_lv, src_size) = match self.source_lv(src).await {
             Ok(found) => found,
-            Err(e @ (Error::NotFound(_) | Error::FailedPrecondition(_))) => {
+            Err(
+                e @ (PoolError::SnapshotNotFound(_)
+                | PoolError::SourceNotFound(_)
+                | PoolError::SnapshotInvalid(_)),
+            ) => {
                 if let Some(lv) = &lv {
                     // Half made, and its source is gone or unreadable:
                     // nothing can finish it, and nobody was ever given it.
@@ -197,12 +199,11 @@ impl LvmPool {
             return self.restored_volume(&lv, req);
         }
         self.finish_restore(&lv, &plan).await?;
-        let lv = self
-            .lookup(&req.id.key)
-            .await?
-            .ok_or_else(|| Error::Internal(format!("LV {} vanished", self.lv_path(&name))))?;
+        let lv = self.lookup(&req.id.key).await?.ok_or_else(|| {
+            PoolError::Inconsistent(format!("LV {} vanished", self.lv_path(&name)))
+        })?;
         if is_unfinished(&lv) {
-            return Err(Error::Internal(format!(
+            return Err(PoolError::Inconsistent(format!(
                 "LV {} is still marked unfinished after its create completed",
                 self.lv_path(&name)
             )));
@@ -214,13 +215,13 @@ impl LvmPool {
     /// than its source holds (OUT_OF_RANGE), the source's size by default.
     async fn restore_size(&self, req: &CreateRequest, src_size: u64) -> Result<u64> {
         if req.range.limit > 0 && req.range.limit < src_size {
-            return Err(Error::OutOfRange(format!(
+            return Err(PoolError::SizeRefused(format!(
                 "limit_bytes {} is smaller than the source ({src_size} bytes)",
                 req.range.limit
             )));
         }
         if req.range.required > 0 && req.range.required < src_size {
-            return Err(Error::OutOfRange(format!(
+            return Err(PoolError::SizeRefused(format!(
                 "required_bytes {} is smaller than the source ({src_size} bytes)",
                 req.range.required
             )));
@@ -248,7 +249,7 @@ impl LvmPool {
             Err(e) => return Err(e.into()),
         }
         let made = self.lookup(&req.id.key).await?.ok_or_else(|| {
-            Error::Internal(format!("LV {} missing after lvcreate", self.lv_path(&name)))
+            PoolError::Inconsistent(format!("LV {} missing after lvcreate", self.lv_path(&name)))
         })?;
         self.check_restore_of(&made, req, plan.src_id)?;
         Ok(made)
@@ -279,7 +280,10 @@ impl LvmPool {
             let target = format!("of=/dev/{}", self.lv_path(&name));
             let running = !ours && {
                 let t = target.clone();
-                crate::error::blocking(move || Ok(copy_running(Path::new("/proc"), &t))).await?
+                crate::error::blocking(move || {
+                    Ok::<_, PoolError>(copy_running(Path::new("/proc"), &t))
+                })
+                .await?
             };
             if !ours && (lv.open || running) {
                 // A hidden LV is opened by nothing but a copy, and not by
@@ -287,10 +291,7 @@ impl LvmPool {
                 // (`running` also sees one that has not opened it yet).
                 // A second writer could end after this one and overwrite
                 // what the volume's user wrote meanwhile: wait for it.
-                return Err(Error::Aborted(format!(
-                    "LV {} is still open by a copy from before a restart; retry when it has ended",
-                    self.lv_path(&name)
-                )));
+                return Err(PoolError::CopyStillRunning(self.lv_path(&name)));
             }
             if !src_lv.is_active() {
                 self.activate_lv(&src_lv.name).await?;

@@ -4,10 +4,10 @@
 //! retried create may take as its own.
 
 use super::LvmPool;
-use crate::error::{Error, Result};
 use crate::ids::{VolumeId, VolumeKey};
 use crate::lvm::{self, LvInfo};
 use crate::pool::{AccessType, CreateRequest, Snapshot, Volume};
+use crate::pool::{PoolError, Result};
 
 pub(super) const TAG_OWNER: &str = "localvol";
 
@@ -50,7 +50,7 @@ pub(super) fn volume_key(vol: &Volume) -> Result<VolumeKey> {
     vol.id
         .rsplit_once('.')
         .and_then(|(_, k)| VolumeKey::parse(k))
-        .ok_or_else(|| Error::Internal(format!("malformed volume id {:?}", vol.id)))
+        .ok_or_else(|| PoolError::Inconsistent(format!("malformed volume id {:?}", vol.id)))
 }
 
 /// A volume whose create has not completed (see [`TAG_CREATING`],
@@ -69,11 +69,10 @@ impl LvmPool {
     /// ALREADY_EXISTS: the name an LV of this volume would have is taken by
     /// an LV that is not this pool's (another pool's, another tool's, or a
     /// snapshot's).
-    pub(super) fn not_ours(&self, lv: &str) -> Error {
-        Error::AlreadyExists(format!(
-            "LV {} exists and is not this driver's",
-            self.lv_path(lv)
-        ))
+    pub(super) fn not_ours(&self, lv: &str) -> PoolError {
+        PoolError::NotOurs {
+            what: format!("LV {}", self.lv_path(lv)),
+        }
     }
 
     pub(super) fn is_ours(&self, lv: &LvInfo) -> bool {
@@ -158,16 +157,19 @@ impl LvmPool {
         }
         let name = lv.tag_value(TAG_NAME).and_then(lvm::decode_tag_value);
         if name.as_deref() != Some(req.name.as_str()) {
-            return Err(Error::AlreadyExists(format!(
-                "LV {} belongs to another name that hashes to the same id",
-                self.lv_path(&lv.name)
-            )));
+            return Err(PoolError::Mismatch {
+                name: req.name.as_str().to_owned(),
+                why: format!(
+                    "LV {} belongs to another name that hashes to the same id",
+                    self.lv_path(&lv.name)
+                ),
+            });
         }
         if lv.tag_value(TAG_SOURCE) != Some(src_id) {
-            return Err(Error::AlreadyExists(format!(
-                "volume {:?} already exists with other content",
-                req.name.as_str()
-            )));
+            return Err(PoolError::Mismatch {
+                name: req.name.as_str().to_owned(),
+                why: "it has other content".to_owned(),
+            });
         }
         Ok(())
     }

@@ -240,7 +240,10 @@ fn a_restore_retry_finds_only_its_own_lv() {
         let e = p
             .check_restore_of(&lv(&name, &tags), &req, &src)
             .unwrap_err();
-        assert!(matches!(e, Error::AlreadyExists(_)), "{why}: {e:?}");
+        assert!(
+            matches!(e, PoolError::Mismatch { .. } | PoolError::NotOurs { .. }),
+            "{why}: {e:?}"
+        );
     }
 }
 
@@ -329,7 +332,7 @@ fn sizes_are_whole_extents_within_the_range() {
     for (required, limit) in [(10 * MI, 11 * MI), (0, 3 * MI), (1, 1)] {
         let e = sized(required, limit).unwrap_err();
         assert!(
-            matches!(e, Error::OutOfRange(_)),
+            matches!(e, PoolError::SizeRefused(_)),
             "({required}, {limit}): {e:?}"
         );
     }

@@ -1,0 +1,197 @@
+//! The one place where errors become gRPC statuses.
+//!
+//! Every layer below `service/` returns an enum that says what failed; this
+//! module decides, variant by variant, which CSI code each failure gets. The
+//! message keeps the whole source chain: it is what an operator reads in
+//! `kubectl describe`.
+
+use tonic::{Code, Status};
+
+use crate::blockdev::UnknownFs;
+use crate::command::CommandError;
+use crate::discovery::StaticError;
+use crate::driver::DriverError;
+use crate::error::IoError;
+use crate::fsutil::{FsError, PathError};
+use crate::ids::InvalidName;
+use crate::locks::Busy;
+use crate::lvm::LvmError;
+use crate::mount::MountError;
+use crate::nodeops::NodeError;
+use crate::pool::PoolError;
+use crate::quota::QuotaError;
+
+/// A status with `code` whose message is `e` and all its sources.
+pub fn status(code: Code, e: &dyn std::error::Error) -> Status {
+    let mut msg = e.to_string();
+    let mut src = e.source();
+    while let Some(s) = src {
+        let s_str = s.to_string();
+        if !msg.contains(&s_str) {
+            msg.push_str(": ");
+            msg.push_str(&s_str);
+        }
+        src = s.source();
+    }
+    Status::new(code, msg)
+}
+
+pub fn io_code(e: &IoError) -> Code {
+    if e.is_out_of_space() {
+        Code::ResourceExhausted
+    } else {
+        Code::Internal
+    }
+}
+
+pub fn command_code(e: &CommandError) -> Code {
+    if e.is_timeout() {
+        Code::DeadlineExceeded
+    } else {
+        Code::Internal
+    }
+}
+
+pub fn fs_code(e: &FsError) -> Code {
+    match e {
+        FsError::Io(e) => io_code(e),
+        FsError::NotADirectory { .. } | FsError::MountPointInside { .. } => {
+            Code::FailedPrecondition
+        }
+        FsError::NoParent { .. } | FsError::NoFreeName { .. } => Code::Internal,
+    }
+}
+
+pub fn path_code(e: &PathError) -> Code {
+    match e {
+        PathError::Io(e) => io_code(e),
+        PathError::Required { .. }
+        | PathError::TooLong { .. }
+        | PathError::ComponentTooLong { .. }
+        | PathError::DotSegment { .. }
+        | PathError::Elsewhere(_)
+        | PathError::Symlink { .. } => Code::InvalidArgument,
+    }
+}
+
+pub fn mount_code(e: &MountError) -> Code {
+    match e {
+        MountError::Io(e) => io_code(e),
+        MountError::DeviceMissing { .. } => Code::NotFound,
+        MountError::NotABlockDevice { .. } => Code::FailedPrecondition,
+        MountError::MountInfo(_) | MountError::Unlocated { .. } => Code::Internal,
+    }
+}
+
+pub fn quota_code(e: &QuotaError) -> Code {
+    match e {
+        QuotaError::Io(e) => io_code(e),
+        QuotaError::NotEnforced(_) => Code::FailedPrecondition,
+    }
+}
+
+pub fn lvm_code(e: &LvmError) -> Code {
+    match e {
+        LvmError::NotFound(_) => Code::NotFound,
+        LvmError::InsufficientSpace(_) => Code::ResourceExhausted,
+        LvmError::AlreadyExists(_) => Code::AlreadyExists,
+        LvmError::Parse(_) => Code::Internal,
+        LvmError::Command(c) => command_code(c),
+    }
+}
+
+pub fn node_code(e: &NodeError) -> Code {
+    match e {
+        NodeError::Io(e) => io_code(e),
+        NodeError::Mount(e) => mount_code(e),
+        NodeError::VolumeDirMissing { .. } => Code::NotFound,
+        NodeError::Occupied { .. } => Code::AlreadyExists,
+        NodeError::NotADirectory { .. }
+        | NodeError::NotAFile { .. }
+        | NodeError::ParentMissing { .. }
+        | NodeError::ForeignMount { .. }
+        | NodeError::PublishedElsewhere { .. }
+        | NodeError::StillPublished { .. }
+        | NodeError::NotStaged { .. } => Code::FailedPrecondition,
+        NodeError::TooManyStacked { .. } => Code::Internal,
+    }
+}
+
+pub fn pool_code(e: &PoolError) -> Code {
+    use PoolError as P;
+    match e {
+        P::UnknownPool { .. } | P::UnsupportedParameter(_) => Code::InvalidArgument,
+        P::Unavailable { .. } => Code::Unavailable,
+        P::Mismatch { .. } | P::NotOurs { .. } => Code::AlreadyExists,
+        P::VolumeNotFound(_) | P::SnapshotNotFound(_) | P::SourceNotFound(_) => Code::NotFound,
+        P::TooLarge { .. } | P::SizeRefused(_) => Code::OutOfRange,
+        P::NoSpace { .. } | P::NoProjectId { .. } => Code::ResourceExhausted,
+        P::Misconfigured { .. }
+        | P::InUse { .. }
+        | P::ForeignLv { .. }
+        | P::SnapshotInvalid(_)
+        | P::Static { .. } => Code::FailedPrecondition,
+        P::CopyStillRunning(_) => Code::Aborted,
+        P::Inconsistent(_) | P::Record(_) => Code::Internal,
+        P::Io(e) => io_code(e),
+        P::Fs(e) => fs_code(e),
+        P::Mount(e) => mount_code(e),
+        P::Quota(e) => quota_code(e),
+        P::Lvm(e) => lvm_code(e),
+        P::Command(e) => command_code(e),
+    }
+}
+
+pub fn static_code(e: &StaticError) -> Code {
+    match e {
+        StaticError::InUse { .. } => Code::FailedPrecondition,
+        StaticError::Vanished(_) => Code::NotFound,
+        StaticError::BadMarker { .. } | StaticError::Config(_) | StaticError::Json(_) => {
+            Code::Internal
+        }
+        StaticError::Io(e) => io_code(e),
+        StaticError::Fs(e) => fs_code(e),
+        StaticError::Mount(e) => mount_code(e),
+        StaticError::Command(e) => command_code(e),
+    }
+}
+
+pub fn driver_code(e: &DriverError) -> Code {
+    match e {
+        DriverError::VolumeNotFound { .. } => Code::NotFound,
+        DriverError::RelativeKubeletDir(_) | DriverError::Name(_) => Code::InvalidArgument,
+        DriverError::Busy(_) => Code::Aborted,
+        DriverError::Pool(e) => pool_code(e),
+        DriverError::Static(e) => static_code(e),
+        DriverError::Io(e) => io_code(e),
+    }
+}
+
+/// Implements `From<$t> for Status` through a code function.
+macro_rules! to_status {
+    ($($t:ty => $code:expr;)*) => {$(
+        impl From<$t> for Status {
+            fn from(e: $t) -> Self {
+                let code: Code = $code(&e);
+                status(code, &e)
+            }
+        }
+    )*};
+}
+
+to_status! {
+    IoError => io_code;
+    CommandError => command_code;
+    FsError => fs_code;
+    PathError => path_code;
+    MountError => mount_code;
+    QuotaError => quota_code;
+    LvmError => lvm_code;
+    NodeError => node_code;
+    PoolError => pool_code;
+    StaticError => static_code;
+    DriverError => driver_code;
+    UnknownFs => |_: &UnknownFs| Code::InvalidArgument;
+    InvalidName => |_: &InvalidName| Code::InvalidArgument;
+    Busy => |_: &Busy| Code::Aborted;
+}
