@@ -75,17 +75,42 @@ fn registered<M: Metric + Clone>(r: &mut Registry, name: &str, help: &str, metri
     metric
 }
 
+/// Per-pool gauges, in the order `Metrics::new` takes them.
+const POOL_GAUGES: [(&str, &str); 5] = [
+    ("pool_capacity_bytes", "Allocated plus free bytes of a pool"),
+    (
+        "pool_allocated_bytes",
+        "Bytes promised to the pool's volumes",
+    ),
+    (
+        "pool_free_bytes",
+        "Bytes a new volume can get now (GetCapacity)",
+    ),
+    ("pool_volumes", "Volumes in the pool"),
+    ("pool_ready", "1 when the pool passes its readiness check"),
+];
+
+/// Per-volume gauges (quota-enforced volumes), in `Metrics::new`'s order.
+const VOLUME_GAUGES: [(&str, &str); 2] = [
+    (
+        "volume_quota_used_bytes",
+        "Bytes used by a quota-enforced volume",
+    ),
+    (
+        "volume_quota_limit_bytes",
+        "Enforced size of a quota-enforced volume",
+    ),
+];
+
 impl Metrics {
     fn new() -> Self {
         let r = &mut Registry::with_prefix("localvol");
         // 100 µs to ~26 s.
         let rpc_histogram = || Histogram::new(exponential_buckets(0.0001, 2.0, 19));
-        let pool = |r: &mut Registry, name: &str, help: &str| {
-            registered(r, name, help, Family::<PoolLabels, Gauge>::default())
-        };
-        let volume = |r: &mut Registry, name: &str, help: &str| {
-            registered(r, name, help, Family::<VolumeLabels, Gauge>::default())
-        };
+        let [pool_capacity, pool_allocated, pool_free, pool_volumes, pool_ready] =
+            POOL_GAUGES.map(|(name, help)| registered(r, name, help, Family::default()));
+        let [volume_used, volume_limit] =
+            VOLUME_GAUGES.map(|(name, help)| registered(r, name, help, Family::default()));
         Metrics {
             rpc_total: registered(
                 r,
@@ -99,37 +124,13 @@ impl Metrics {
                 "Time to serve a CSI call",
                 Family::new_with_constructor(rpc_histogram),
             ),
-            pool_capacity: pool(
-                r,
-                "pool_capacity_bytes",
-                "Allocated plus free bytes of a pool",
-            ),
-            pool_allocated: pool(
-                r,
-                "pool_allocated_bytes",
-                "Bytes promised to the pool's volumes",
-            ),
-            pool_free: pool(
-                r,
-                "pool_free_bytes",
-                "Bytes a new volume can get now (GetCapacity)",
-            ),
-            pool_volumes: pool(r, "pool_volumes", "Volumes in the pool"),
-            pool_ready: pool(
-                r,
-                "pool_ready",
-                "1 when the pool passes its readiness check",
-            ),
-            volume_used: volume(
-                r,
-                "volume_quota_used_bytes",
-                "Bytes used by a quota-enforced volume",
-            ),
-            volume_limit: volume(
-                r,
-                "volume_quota_limit_bytes",
-                "Enforced size of a quota-enforced volume",
-            ),
+            pool_capacity,
+            pool_allocated,
+            pool_free,
+            pool_volumes,
+            pool_ready,
+            volume_used,
+            volume_limit,
             discovered: registered(
                 r,
                 "discovered_volumes",

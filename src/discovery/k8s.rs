@@ -194,16 +194,9 @@ impl Discoverer {
         report: &mut PassReport,
     ) -> Result<(), DiscoveryError> {
         let name = cached.metadata.name.clone().unwrap_or_default();
-        // The cache may be behind: the API must say Released right now.
-        let Some(fresh) = self.api.get_opt(&name).await? else {
+        let Some(fresh) = self.still_released(h, cached, &name).await? else {
             return Ok(());
         };
-        if pv::ours(&fresh, &self.driver, &self.node).as_ref() != Some(h)
-            || pv::phase(&fresh) != Some("Released")
-            || fresh.metadata.uid != cached.metadata.uid
-        {
-            return Ok(());
-        }
         // Busy (a node RPC on this volume is running): next pass.
         let _guard = match &self.locks {
             Some(locks) => match locks.try_lock(&h.entry_key, &format!("static volume {h}")) {
@@ -212,27 +205,52 @@ impl Discoverer {
             },
             None => None,
         };
+        if self.clean(h, &fresh, &name, report).await? {
+            self.delete_cleaned(&fresh, name, report).await?;
+        }
+        Ok(())
+    }
+
+    /// The PV as the API has it now, when it is still this entry's and
+    /// Released (the cache may be behind).
+    async fn still_released(
+        &self,
+        h: &StaticHandle,
+        cached: &PersistentVolume,
+        name: &str,
+    ) -> Result<Option<PersistentVolume>, DiscoveryError> {
+        let Some(fresh) = self.api.get_opt(name).await? else {
+            return Ok(None);
+        };
+        let same = pv::ours(&fresh, &self.driver, &self.node).as_ref() == Some(h)
+            && pv::phase(&fresh) == Some("Released")
+            && fresh.metadata.uid == cached.metadata.uid;
+        Ok(same.then_some(fresh))
+    }
+
+    /// Wipes the entry behind a released PV, with an Event for each step.
+    /// Whether it is clean now; failures are recorded in `report`.
+    async fn clean(
+        &self,
+        h: &StaticHandle,
+        fresh: &PersistentVolume,
+        name: &str,
+        report: &mut PassReport,
+    ) -> Result<bool, DiscoveryError> {
         let cfg = self.statics.config().clone();
         let hh = h.clone();
         let entry = blocking(move || scan::find(&cfg, &hh)).await?;
         let Some(entry) = entry else {
-            self.event(
-                &fresh,
-                EventType::Warning,
-                "CleanupFailed",
-                format!("volume {h} is not discovered on node {} now", self.node),
-            )
-            .await;
-            report.failed.push(name);
-            return Ok(());
+            let why = format!("volume {h} is not discovered on node {} now", self.node);
+            self.event(fresh, EventType::Warning, "CleanupFailed", why)
+                .await;
+            report.failed.push(name.to_owned());
+            return Ok(false);
         };
-        self.event(
-            &fresh,
-            EventType::Normal,
-            "CleanupStarted",
-            format!("cleaning {} on node {}", entry.path.display(), self.node),
-        )
-        .await;
+        let path = entry.path.display().to_string();
+        let msg = format!("cleaning {path} on node {}", self.node);
+        self.event(fresh, EventType::Normal, "CleanupStarted", msg)
+            .await;
         let started = std::time::Instant::now();
         let cleaned = self
             .statics
@@ -242,19 +260,25 @@ impl Discoverer {
         crate::metrics::record_cleanup(cleaned.is_ok(), started.elapsed().as_secs_f64());
         if let Err(e) = cleaned {
             tracing::warn!(pv = %name, error = %e, "cleanup failed");
-            self.event(&fresh, EventType::Warning, "CleanupFailed", e.to_string())
+            self.event(fresh, EventType::Warning, "CleanupFailed", e.to_string())
                 .await;
-            report.failed.push(name);
-            return Ok(());
+            report.failed.push(name.to_owned());
+            return Ok(false);
         }
-        self.event(
-            &fresh,
-            EventType::Normal,
-            "CleanupFinished",
-            format!("{} is clean; deleting the PV", entry.path.display()),
-        )
-        .await;
-        report.cleaned.push(name.clone());
+        let msg = format!("{path} is clean; deleting the PV");
+        self.event(fresh, EventType::Normal, "CleanupFinished", msg)
+            .await;
+        report.cleaned.push(name.to_owned());
+        Ok(true)
+    }
+
+    /// Deletes a cleaned PV, only if it is still the same object.
+    async fn delete_cleaned(
+        &self,
+        fresh: &PersistentVolume,
+        name: String,
+        report: &mut PassReport,
+    ) -> Result<(), DiscoveryError> {
         let dp = DeleteParams {
             preconditions: Some(Preconditions {
                 uid: fresh.metadata.uid.clone(),
