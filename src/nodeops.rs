@@ -261,15 +261,63 @@ pub fn stage_dir(src: &Path, staging: &Path) -> Result<()> {
     Ok(mount::bind(src, staging, MountFlags::empty())?)
 }
 
-/// The location mounts of `volume` have, in `table`. None (no expectation: any
-/// mount at the path is removed) when there is no volume or it cannot be
-/// located, e.g. because its directory is gone.
-fn expected_location(
-    table: &MountTable,
-    volume: Option<(&Source, AccessType)>,
-) -> Option<Location> {
-    let (src, access) = volume?;
-    locate_volume(table, src, access).ok()
+/// Which mounts at a path an unstage or unpublish may remove.
+enum Ours {
+    /// No volume to compare with (the caller knows of none): any mount.
+    Anything,
+    /// Mounts of these locations, or of their `//deleted` forms.
+    At(Vec<Location>),
+    /// A volume whose device node is gone (an inactive or removed LV): only
+    /// binds of a device node that was deleted can be left of it.
+    DeletedDeviceNode,
+}
+
+impl Ours {
+    fn of(table: &MountTable, volume: Option<(&Source, AccessType)>) -> Ours {
+        let Some((src, access)) = volume else {
+            return Ours::Anything;
+        };
+        if let Ok(loc) = locate_volume(table, src, access) {
+            return Ours::At(vec![loc]);
+        }
+        match src {
+            // The directory is gone: its binds show where it was, which its
+            // parent (the pool's folder) still tells. A parent that cannot
+            // be located either: nothing can be proven ours.
+            Source::Directory(dir) => Ours::At(former_location(table, dir).into_iter().collect()),
+            Source::Device(_) => Ours::DeletedDeviceNode,
+        }
+    }
+
+    fn location(&self) -> Option<&Location> {
+        match self {
+            Ours::At(locs) => locs.first(),
+            _ => None,
+        }
+    }
+
+    fn admits(&self, m: &mount::MountEntry) -> bool {
+        let found = m.location();
+        match self {
+            Ours::Anything => true,
+            Ours::At(exp) => exp
+                .iter()
+                .any(|e| found == *e || is_deleted_copy(&found, e)),
+            Ours::DeletedDeviceNode => {
+                use std::os::unix::ffi::OsStrExt;
+                m.fs_type == "devtmpfs" && m.root.as_os_str().as_bytes().ends_with(b"//deleted")
+            }
+        }
+    }
+}
+
+/// Where a directory that no longer exists was, from its parent's location.
+fn former_location(table: &MountTable, dir: &Path) -> Option<Location> {
+    let parent = table.locate(dir.parent()?)?;
+    Some(Location {
+        dev: parent.dev,
+        root: parent.root.join(dir.file_name()?),
+    })
 }
 
 /// Unmounts whatever this volume mounted at `path` (all stacked copies, top
@@ -277,20 +325,13 @@ fn expected_location(
 /// this call's reading: it lists every mount stacked at `path`, so each layer
 /// is checked against it before it is unmounted and nothing needs reading
 /// again after the unmounts.
-/// `expected`: the volume's possible locations (None: anything goes).
-fn unmount_all(table: &MountTable, path: &Path, expected: Option<&[Location]>) -> Result<()> {
+fn unmount_all(table: &MountTable, path: &Path, ours: &Ours) -> Result<()> {
     for m in table.stack_at(path).take(MAX_STACKED) {
-        if let Some(exp) = expected {
-            let found = m.location();
-            if !exp
-                .iter()
-                .any(|e| found == *e || is_deleted_copy(&found, e))
-            {
-                return Err(NodeError::ForeignMount {
-                    path: path.into(),
-                    found: describe(m),
-                });
-            }
+        if !ours.admits(m) {
+            return Err(NodeError::ForeignMount {
+                path: path.into(),
+                found: describe(m),
+            });
         }
         mount::unmount(path)?;
     }
@@ -337,16 +378,17 @@ fn refuse_other_mounts(
 
 /// Unmounts a volume's staging mount at `path` (whose directory belongs to
 /// the CO and stays). Only the volume's staged form is removed (any mount
-/// when it is None or cannot be located): a directory's bind or a device's
-/// filesystem; raw block volumes have nothing at their staging path.
+/// when it is None; see [`Ours`] when it cannot be located): a directory's
+/// bind or a device's filesystem; raw block volumes have nothing at their
+/// staging path.
 /// `scope`: the kubelet dir, where a pod's mounts of the volume would be.
 pub fn unstage(scope: &Path, path: &Path, volume: Option<&Source>) -> Result<()> {
     let table = MountTable::read()?;
-    let expected = expected_location(&table, volume.map(|s| (s, AccessType::Mount)));
-    if let Some(loc) = &expected {
+    let ours = Ours::of(&table, volume.map(|s| (s, AccessType::Mount)));
+    if let Some(loc) = ours.location() {
         refuse_unstage_while_published(&table, scope, path, loc)?;
     }
-    unmount_all(&table, path, expected.as_ref().map(std::slice::from_ref))
+    unmount_all(&table, path, &ours)
 }
 
 /// A staging mount goes only after every publication of it: while the volume
@@ -397,7 +439,7 @@ pub fn unstage_device(scope: &Path, path: &Path, dev: &Path) -> Result<bool> {
     };
     let fs = &expected[..1];
     refuse_unstage_while_published(&table, scope, path, &fs[0])?;
-    unmount_all(&table, path, Some(fs))?;
+    unmount_all(&table, path, &Ours::At(fs.to_vec()))?;
     Ok(true)
 }
 
@@ -409,7 +451,7 @@ pub fn unpublish_device(_scope: &Path, target: &Path, dev: &Path) -> Result<bool
     let Some(expected) = device_locations(&table, dev) else {
         return Ok(false);
     };
-    unmount_all(&table, target, Some(&expected))?;
+    unmount_all(&table, target, &Ours::At(expected))?;
     remove_target(target)?;
     Ok(true)
 }
@@ -483,12 +525,11 @@ pub fn publish(
 }
 
 /// Unmounts `target` and removes it without recursion; a target that is already
-/// gone is fine. Only mounts of `volume` are removed (any mount when it is None
-/// or cannot be located).
+/// gone is fine. Only mounts of `volume` are removed (any mount when it is
+/// None; see [`Ours`] when it cannot be located).
 pub fn unpublish(target: &Path, volume: Option<(&Source, AccessType)>) -> Result<()> {
     let table = MountTable::read()?;
-    let expected = expected_location(&table, volume);
-    unmount_all(&table, target, expected.as_ref().map(std::slice::from_ref))?;
+    unmount_all(&table, target, &Ours::of(&table, volume))?;
     remove_target(target)
 }
 
@@ -546,6 +587,34 @@ pub fn mount_at(path: &Path, loc: &Location) -> Result<MountAt> {
 mod tests {
     use super::*;
     use crate::blockdev::{self, tests::Loop, FsType};
+
+    /// A directory volume whose directory was removed behind the driver's
+    /// back: unpublish still recognises its (now `//deleted`) bind by where
+    /// the directory was, and still refuses a mount of anything else at a
+    /// target. Real mounts: needs root.
+    #[test]
+    fn unpublish_of_a_vanished_directory_takes_only_its_own_binds() {
+        let d = tempfile::tempdir().unwrap();
+        let (pool, other) = (d.path().join("volumes"), d.path().join("other"));
+        let vol = pool.join("v1");
+        let (mine, foreign) = (d.path().join("t1"), d.path().join("t2"));
+        for p in [&pool, &vol, &other, &mine, &foreign] {
+            fs::create_dir_all(p).unwrap();
+        }
+        mount::bind(&vol, &mine, MountFlags::empty()).unwrap();
+        mount::bind(&other, &foreign, MountFlags::empty()).unwrap();
+        fs::remove_dir(&vol).unwrap();
+        let volume = Source::Directory(vol.clone());
+        let mounted = |p: &Path| MountTable::read().unwrap().at(p).is_some();
+
+        let e = unpublish(&foreign, Some((&volume, AccessType::Mount))).unwrap_err();
+        assert!(matches!(e, NodeError::ForeignMount { .. }), "{e:?}");
+        assert!(mounted(&foreign));
+
+        unpublish(&mine, Some((&volume, AccessType::Mount))).unwrap();
+        assert!(!mounted(&mine) && !mine.exists());
+        mount::unmount(&foreign).unwrap();
+    }
 
     /// Unstage/unpublish by device path alone: both forms of a volume's
     /// mounts go, a missing device does nothing (the caller looks it up), and
