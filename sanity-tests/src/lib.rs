@@ -969,6 +969,13 @@ pub fn create_req(name: &str) -> csi::CreateVolumeRequest {
     }
 }
 
+pub fn delete_req(volume_id: &str) -> csi::DeleteVolumeRequest {
+    csi::DeleteVolumeRequest {
+        volume_id: volume_id.to_owned(),
+        ..Default::default()
+    }
+}
+
 pub fn stage_req(volume_id: &str, staging: &Path) -> csi::NodeStageVolumeRequest {
     csi::NodeStageVolumeRequest {
         volume_id: volume_id.to_owned(),

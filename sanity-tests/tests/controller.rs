@@ -585,30 +585,25 @@ async fn validate_volume_capabilities() {
         assert!(r.confirmed.is_none(), "{what}: confirmed {r:?}");
         assert!(!r.message.is_empty(), "{what}: no message");
     }
-    assert_code(
-        "unknown well-formed id",
-        validate(
+    let writer = || vec![mount_cap(M::SingleNodeWriter)];
+    for (what, id, caps, code) in [
+        (
+            "unknown well-formed id",
             "default.0123456789abcdef0123456789abcdef",
-            vec![mount_cap(M::SingleNodeWriter)],
-        )
-        .await,
-        Code::NotFound,
-    );
-    assert_code(
-        "foreign id",
-        validate("no-such-volume", vec![mount_cap(M::SingleNodeWriter)]).await,
-        Code::NotFound,
-    );
-    assert_code(
-        "empty id",
-        validate("", vec![mount_cap(M::SingleNodeWriter)]).await,
-        Code::InvalidArgument,
-    );
-    assert_code(
-        "empty capabilities",
-        validate(&v.volume_id, vec![]).await,
-        Code::InvalidArgument,
-    );
+            writer(),
+            Code::NotFound,
+        ),
+        ("foreign id", "no-such-volume", writer(), Code::NotFound),
+        ("empty id", "", writer(), Code::InvalidArgument),
+        (
+            "empty capabilities",
+            v.volume_id.as_str(),
+            vec![],
+            Code::InvalidArgument,
+        ),
+    ] {
+        assert_code(what, validate(id, caps).await, code);
+    }
 }
 
 // --- ListVolumes -------------------------------------------------------------------
@@ -888,29 +883,27 @@ async fn controller_expand_volume() {
         );
         assert_eq!(again.capacity_bytes, r.capacity_bytes, "({req}, {lim})");
     }
-    // Shrinking (a limit below the current size).
-    assert_code(
-        "shrink",
-        d.controller()
-            .controller_expand_volume(expand_req(id, 5 * MI, 5 * MI))
-            .await,
-        Code::OutOfRange,
-    );
-    assert_code(
-        "shrink (limit only)",
-        d.controller()
-            .controller_expand_volume(expand_req(id, 0, 5 * MI))
-            .await,
-        Code::OutOfRange,
-    );
-    // Beyond what the pool can ever hold, or has free.
-    assert_code(
-        "grow beyond the pool",
-        d.controller()
-            .controller_expand_volume(expand_req(id, 100 * MI, 0))
-            .await,
-        Code::OutOfRange,
-    );
+    for (what, req, code) in [
+        // Shrinking (a limit below the current size).
+        ("shrink", expand_req(id, 5 * MI, 5 * MI), Code::OutOfRange),
+        (
+            "shrink (limit only)",
+            expand_req(id, 0, 5 * MI),
+            Code::OutOfRange,
+        ),
+        // Beyond what the pool can ever hold, or has free.
+        (
+            "grow beyond the pool",
+            expand_req(id, 100 * MI, 0),
+            Code::OutOfRange,
+        ),
+    ] {
+        assert_code(
+            what,
+            d.controller().controller_expand_volume(req).await,
+            code,
+        );
+    }
     d.create("other", 40 * MI).await;
     assert_code(
         "grow beyond the free space",
@@ -957,42 +950,28 @@ async fn controller_expand_volume() {
         );
     }
     assert_eq!(d.list_all().await.len(), 2, "nothing was created");
-    // A string that is not a localvol id names no volume anywhere.
-    assert_code(
-        "foreign",
-        d.controller()
-            .controller_expand_volume(expand_req("foreign", 20 * MI, 0))
-            .await,
-        Code::NotFound,
-    );
-    let mut no_range = expand_req(id, 0, 0);
-    no_range.capacity_range = None;
-    assert_code(
-        "no capacity range",
-        d.controller().controller_expand_volume(no_range).await,
-        Code::InvalidArgument,
-    );
-    assert_code(
-        "required > limit",
-        d.controller()
-            .controller_expand_volume(expand_req(id, 30 * MI, 25 * MI))
-            .await,
-        Code::InvalidArgument,
-    );
-    assert_code(
-        "negative",
-        d.controller()
-            .controller_expand_volume(expand_req(id, -1, 0))
-            .await,
-        Code::InvalidArgument,
-    );
-    assert_code(
-        "empty id",
-        d.controller()
-            .controller_expand_volume(expand_req("", 20 * MI, 0))
-            .await,
-        Code::InvalidArgument,
-    );
+    let ia = Code::InvalidArgument;
+    for (what, req, code) in [
+        // A string that is not a localvol id names no volume anywhere.
+        ("foreign", expand_req("foreign", 20 * MI, 0), Code::NotFound),
+        (
+            "no capacity range",
+            csi::ControllerExpandVolumeRequest {
+                capacity_range: None,
+                ..expand_req(id, 0, 0)
+            },
+            ia,
+        ),
+        ("required > limit", expand_req(id, 30 * MI, 25 * MI), ia),
+        ("negative", expand_req(id, -1, 0), ia),
+        ("empty id", expand_req("", 20 * MI, 0), ia),
+    ] {
+        assert_code(
+            what,
+            d.controller().controller_expand_volume(req).await,
+            code,
+        );
+    }
 }
 
 #[tokio::test]

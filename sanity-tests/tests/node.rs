@@ -470,35 +470,34 @@ async fn stage_and_publish_check_the_volume_and_capability() {
     let id = v.volume_id.as_str();
     let staging = d.staging_path("v");
     let target = d.target_path("v");
-    for unknown in ["default.0123456789abcdef0123456789abcdef", "foreign-id"] {
-        assert_code(
+    let with_cap = |cap| csi::NodeStageVolumeRequest {
+        volume_capability: Some(cap),
+        ..stage_req(id, &staging)
+    };
+    for (what, req, code) in [
+        (
             "stage unknown",
-            d.node()
-                .node_stage_volume(stage_req(unknown, &staging))
-                .await,
+            stage_req("default.0123456789abcdef0123456789abcdef", &staging),
             Code::NotFound,
-        );
+        ),
+        (
+            "stage unknown (not a localvol id)",
+            stage_req("foreign-id", &staging),
+            Code::NotFound,
+        ),
+        (
+            "stage as block",
+            with_cap(block_cap(AccessMode::SingleNodeWriter)),
+            Code::InvalidArgument,
+        ),
+        (
+            "stage with a multi-node mode",
+            with_cap(mount_cap(AccessMode::MultiNodeMultiWriter)),
+            Code::InvalidArgument,
+        ),
+    ] {
+        assert_code(what, d.node().node_stage_volume(req).await, code);
     }
-    assert_code(
-        "stage as block",
-        d.node()
-            .node_stage_volume(csi::NodeStageVolumeRequest {
-                volume_capability: Some(block_cap(AccessMode::SingleNodeWriter)),
-                ..stage_req(id, &staging)
-            })
-            .await,
-        Code::InvalidArgument,
-    );
-    assert_code(
-        "stage with a multi-node mode",
-        d.node()
-            .node_stage_volume(csi::NodeStageVolumeRequest {
-                volume_capability: Some(mount_cap(AccessMode::MultiNodeMultiWriter)),
-                ..stage_req(id, &staging)
-            })
-            .await,
-        Code::InvalidArgument,
-    );
     assert_not_mounted(&staging);
     // The staging path's parent must exist (kubelet creates it).
     let orphan = d.kubelet_dir().join("no-such-parent").join("staging");
@@ -699,35 +698,25 @@ async fn node_expand_volume() {
     );
     // Still usable.
     write_file(&target, "after-expand", b"x").unwrap();
-    assert_code(
-        "unknown volume",
-        d.node()
-            .node_expand_volume(req(
-                "default.0123456789abcdef0123456789abcdef",
-                &target,
-                None,
-            ))
-            .await,
-        Code::NotFound,
-    );
-    assert_code(
-        "missing volume_path",
-        d.node()
-            .node_expand_volume(req(id, &d.kubelet_dir().join("pods/nope/mount"), None))
-            .await,
-        Code::NotFound,
-    );
-    assert_code(
-        "block capability",
-        d.node()
-            .node_expand_volume(req(
-                id,
-                &target,
-                Some(block_cap(AccessMode::SingleNodeWriter)),
-            ))
-            .await,
-        Code::InvalidArgument,
-    );
+    for (what, r, code) in [
+        (
+            "unknown volume",
+            req("default.0123456789abcdef0123456789abcdef", &target, None),
+            Code::NotFound,
+        ),
+        (
+            "missing volume_path",
+            req(id, &d.kubelet_dir().join("pods/nope/mount"), None),
+            Code::NotFound,
+        ),
+        (
+            "block capability",
+            req(id, &target, Some(block_cap(AccessMode::SingleNodeWriter))),
+            Code::InvalidArgument,
+        ),
+    ] {
+        assert_code(what, d.node().node_expand_volume(r).await, code);
+    }
     d.unpublish(id, &target).await;
     d.unstage(id, &staging).await;
 }

@@ -21,7 +21,7 @@ use std::time::{Duration, Instant};
 use localvol::csi;
 use sanity_tests::LvmKind as Kind;
 use sanity_tests::*;
-use tonic::{Code, Status};
+use tonic::{Code, Response, Status};
 
 const GIB: u64 = 1 << 30;
 /// Every pool keeps this much back.
@@ -127,7 +127,7 @@ impl Fx {
         raw / extent * extent
     }
 
-    /// LVM's default extent size (checked in `conformance`).
+    /// LVM's default extent size (checked in `empty_pool_offers_lvm_free_space`).
     fn extent(&self) -> i64 {
         EXTENT
     }
@@ -184,6 +184,31 @@ impl Fx {
                 .volume
                 .expect("CreateVolume returned no volume")
         })
+    }
+
+    async fn validate(
+        &self,
+        volume_id: &str,
+        caps: Vec<csi::VolumeCapability>,
+    ) -> Result<Response<csi::ValidateVolumeCapabilitiesResponse>, Status> {
+        self.d
+            .controller()
+            .validate_volume_capabilities(csi::ValidateVolumeCapabilitiesRequest {
+                volume_id: volume_id.to_owned(),
+                volume_capabilities: caps,
+                ..Default::default()
+            })
+            .await
+    }
+
+    async fn delete_volume(
+        &self,
+        volume_id: &str,
+    ) -> Result<Response<csi::DeleteVolumeResponse>, Status> {
+        self.d
+            .controller()
+            .delete_volume(delete_req(volume_id))
+            .await
     }
 
     #[track_caller]
@@ -325,16 +350,50 @@ fn condition(r: &csi::NodeGetVolumeStatsResponse) -> (bool, String) {
 // 1. Conformance subset
 // ---------------------------------------------------------------------------
 
+/// One pool through the conformance steps below, in order: each step checks
+/// one behaviour and hands the next what it needs. They share one VG (a VG
+/// per step would cost VM time); the thick-only steps do not depend on the
+/// kind of pool and run while the thin pool's steps run beside them.
 async fn conformance(kind: Kind) {
     require_root();
     let f = Fx::new(kind).await;
-    let (d, pool) = (&f.d, f.pool);
+    let empty = empty_pool_offers_lvm_free_space(&f).await;
+    let vols = creates_are_whole_extents_within_the_range(&f).await;
+    repeated_creates_return_the_same_volume(&f, &vols, &empty).await;
+    let foreign = other_lvs_of_the_vg_are_not_this_pools(&f, &vols).await;
+    let b1 = validate_accepts_block_and_checks_the_access_type(&f, &vols.c1).await;
+    if kind == Kind::Thick {
+        ids_are_checked_before_lvm(&f).await;
+        stats_of_a_published_filesystem(&f, &vols.c1).await;
+    }
+    block_volume_condition_follows_the_lv(&f, &b1).await;
+    if kind == Kind::Thick {
+        stats_of_a_deactivated_filesystem_volume(&f, &vols.c1).await;
+    }
+    deletes_are_idempotent_and_give_everything_back(&f, &vols, &b1, &foreign, &empty).await;
+}
+
+/// What the empty pool had: the last step must find it again.
+struct Empty {
+    lvs: Vec<String>,
+    capacity: i64,
+}
+
+/// The mount volumes the conformance steps create: c1 (10 MiB asked, 12 MiB
+/// made), c3 and c4 (8 MiB).
+struct Created {
+    c1: csi::Volume,
+    c3: csi::Volume,
+    c4: csi::Volume,
+}
+
+/// GetCapacity of the empty pool is LVM's free space minus the reserve, in
+/// LVM's default extents.
+async fn empty_pool_offers_lvm_free_space(f: &Fx) -> Empty {
     let extent = f.vg.vg_sizes().2;
     assert_eq!(extent, EXTENT, "LVM's default extent size");
-    let base_lvs = f.lv_names();
-
-    // GetCapacity is LVM's free space minus the reserve.
-    let cap0 = d.capacity(None).await;
+    let lvs = f.lv_names();
+    let cap0 = f.d.capacity(None).await;
     assert_eq!(
         cap0.available_capacity,
         f.expected_capacity(),
@@ -342,15 +401,22 @@ async fn conformance(kind: Kind) {
     );
     assert_eq!(cap0.maximum_volume_size, Some(cap0.available_capacity));
     assert!(cap0.available_capacity > GIB as i64 / 2, "{cap0:?}");
+    Empty {
+        lvs,
+        capacity: cap0.available_capacity,
+    }
+}
 
-    // Sizes are whole extents, within the capacity range.
+/// Sizes are whole extents, within the capacity range; a new LV is tagged,
+/// active, of the pool's kind and blank.
+async fn creates_are_whole_extents_within_the_range(f: &Fx) -> Created {
     let c1 = must(
         "create c1",
         f.create(sized("c1", 10 * MI, 0, fs_cap(""))).await,
     );
     assert_eq!(c1.capacity_bytes, 12 * MI, "10 MiB rounds up to 3 extents");
     assert!(
-        c1.volume_id.starts_with(&format!("{pool}.")),
+        c1.volume_id.starts_with(&format!("{}.", f.pool)),
         "{}",
         c1.volume_id
     );
@@ -359,7 +425,7 @@ async fn conformance(kind: Kind) {
     assert_eq!(lv.size, 12 * MI);
     assert_eq!(sorted(lv.tags.clone()), f.expected_tags("c1", "mount"));
     assert!(lv.is_active(), "{lv:?}");
-    match kind {
+    match f.kind {
         Kind::Thick => assert!(lv.attr.starts_with('-'), "a plain LV: {lv:?}"),
         Kind::Thin => {
             assert!(lv.attr.starts_with('V'), "a thin LV: {lv:?}");
@@ -390,8 +456,13 @@ async fn conformance(kind: Kind) {
         8 * MI,
         "default size capped by limit_bytes"
     );
+    Created { c1, c3, c4 }
+}
 
-    // Repeats: same request → same volume; a mismatch → ALREADY_EXISTS.
+/// Repeats: same request → same volume; a mismatch → ALREADY_EXISTS. None of
+/// them makes an LV, and the capacity drops by exactly what was created.
+async fn repeated_creates_return_the_same_volume(f: &Fx, vols: &Created, empty: &Empty) {
+    let c1 = &vols.c1;
     for r in [range(10 * MI, 0), range(12 * MI, 12 * MI), range(0, 0)] {
         let again = must(
             &format!("repeat c1 {r:?}"),
@@ -415,57 +486,59 @@ async fn conformance(kind: Kind) {
             Code::AlreadyExists,
         );
     }
-    let mut want = base_lvs.clone();
+    let mut want = empty.lvs.clone();
     want.extend([
         lv_name(&c1.volume_id),
-        lv_name(&c3.volume_id),
-        lv_name(&c4.volume_id),
+        lv_name(&vols.c3.volume_id),
+        lv_name(&vols.c4.volume_id),
     ]);
     assert_eq!(
         f.lv_names(),
         sorted(want.clone()),
         "nothing else was created"
     );
-
-    let cap1 = d.capacity(None).await.available_capacity;
-    assert_eq!(cap1, cap0.available_capacity - 28 * MI);
+    let cap1 = f.d.capacity(None).await.available_capacity;
+    assert_eq!(cap1, empty.capacity - 28 * MI);
     assert_eq!(cap1, f.expected_capacity());
+}
 
-    // ListVolumes: this pool's volumes only, not other LVs of the VG.
-    let (size_arg, target_arg) = match kind {
+/// `lvcreate` by hand: a 4 MiB LV `name` in this pool's VG (thin: in its thin
+/// pool) with these tags.
+fn lvcreate_beside(f: &Fx, name: &str, tags: &[&str]) {
+    let (size_arg, target) = match f.kind {
         Kind::Thick => ("-L", f.vg.vg.clone()),
         Kind::Thin => ("-V", format!("{}/tp", f.vg.vg)),
     };
+    let mut args = vec!["lvcreate", "-qq", "-y", size_arg, "4m", "-n", name];
+    for t in tags {
+        args.extend(["--addtag", *t]);
+    }
+    if f.kind == Kind::Thin {
+        args.push("-T");
+    }
+    args.push(&target);
+    run_cmd("lvm", &args);
+}
+
+/// ListVolumes lists this pool's volumes only, not other LVs of the VG (an
+/// untagged one, another pool's); their space counts against the capacity;
+/// another pool's LV is not found by Validate and never removed by Delete.
+/// Returns the names of the LVs made by hand.
+async fn other_lvs_of_the_vg_are_not_this_pools(f: &Fx, vols: &Created) -> [String; 2] {
+    let d = &f.d;
     let foreign_key = "0".repeat(32);
     let foreign_lv = format!("lv-{foreign_key}");
-    let mut args = vec!["lvcreate", "-qq", "-y", size_arg, "4m", "-n", "foreign"];
-    if kind == Kind::Thin {
-        args.push("-T");
-    }
-    args.push(&target_arg);
-    run_cmd("lvm", &args);
-    let mut args = vec![
-        "lvcreate",
-        "-qq",
-        "-y",
-        size_arg,
-        "4m",
-        "-n",
+    lvcreate_beside(f, "foreign", &[]);
+    lvcreate_beside(
+        f,
         &foreign_lv,
-        "--addtag",
-        "localvol",
-        "--addtag",
-        "localvol.pool=other",
-        "--addtag",
-        "localvol.name=x",
-        "--addtag",
-        "localvol.access=mount",
-    ];
-    if kind == Kind::Thin {
-        args.push("-T");
-    }
-    args.push(&target_arg);
-    run_cmd("lvm", &args);
+        &[
+            "localvol",
+            "localvol.pool=other",
+            "localvol.name=x",
+            "localvol.access=mount",
+        ],
+    );
     let mut listed: Vec<(String, i64)> = d
         .list_all()
         .await
@@ -474,9 +547,9 @@ async fn conformance(kind: Kind) {
         .collect();
     listed.sort();
     let mut want_list = vec![
-        (c1.volume_id.clone(), 12 * MI),
-        (c3.volume_id.clone(), 8 * MI),
-        (c4.volume_id.clone(), 8 * MI),
+        (vols.c1.volume_id.clone(), 12 * MI),
+        (vols.c3.volume_id.clone(), 8 * MI),
+        (vols.c4.volume_id.clone(), 8 * MI),
     ];
     want_list.sort();
     assert_eq!(listed, want_list);
@@ -486,36 +559,32 @@ async fn conformance(kind: Kind) {
         "other LVs use the pool too"
     );
     // Another pool's LV in this VG is not this pool's volume and is never removed.
-    let foreign_id = format!("{pool}.{foreign_key}");
-    let mut c = d.controller();
-    let r = c
-        .validate_volume_capabilities(csi::ValidateVolumeCapabilitiesRequest {
-            volume_id: foreign_id.clone(),
-            volume_capabilities: vec![fs_cap("")],
-            ..Default::default()
-        })
-        .await;
+    let foreign_id = format!("{}.{foreign_key}", f.pool);
+    let r = f.validate(&foreign_id, vec![fs_cap("")]).await;
     assert_code("Validate of another pool's LV", r, Code::NotFound);
-    let r = c
-        .delete_volume(csi::DeleteVolumeRequest {
-            volume_id: foreign_id.clone(),
-            ..Default::default()
-        })
-        .await;
+    let r = f.delete_volume(&foreign_id).await;
     assert_code("Delete of another pool's LV", r, Code::FailedPrecondition);
     assert!(
         f.vg.lv(&foreign_lv).is_some(),
         "another pool's LV was removed"
     );
+    ["foreign".to_owned(), foreign_lv]
+}
 
-    // ValidateVolumeCapabilities: block is fine on LVM.
+/// ValidateVolumeCapabilities: block is fine on LVM, but only for a block
+/// volume; a mount volume takes any filesystem type. Creates and returns b1,
+/// a 4 MiB block volume.
+async fn validate_accepts_block_and_checks_the_access_type(
+    f: &Fx,
+    c1: &csi::Volume,
+) -> csi::Volume {
     let b1 = must("create b1", f.create(sized("b1", 4 * MI, 0, blk())).await);
     assert_eq!(b1.capacity_bytes, 4 * MI);
     assert_eq!(
         sorted(f.lv(&b1.volume_id).unwrap().tags),
         f.expected_tags("b1", "block")
     );
-    for (id, caps, ok) in [
+    for (id, caps, valid) in [
         (&b1.volume_id, vec![blk()], true),
         (&b1.volume_id, vec![fs_cap("")], false),
         (&c1.volume_id, vec![fs_cap("xfs")], true),
@@ -526,143 +595,141 @@ async fn conformance(kind: Kind) {
         ),
         (&c1.volume_id, vec![blk()], false),
     ] {
-        let r = must(
+        let r = ok(
             "ValidateVolumeCapabilities",
-            c.validate_volume_capabilities(csi::ValidateVolumeCapabilitiesRequest {
-                volume_id: id.clone(),
-                volume_capabilities: caps.clone(),
+            f.validate(id, caps.clone()).await,
+        );
+        assert_eq!(r.confirmed.is_some(), valid, "{id} {caps:?}: {r:?}");
+        assert_eq!(r.message.is_empty(), valid, "{r:?}");
+    }
+    b1
+}
+
+/// Ids are validated before anything reaches LVM: malformed ones are
+/// INVALID_ARGUMENT everywhere, well-formed ones of volumes that do not exist
+/// name nothing; the VG and the paths stay as they were. This does not depend
+/// on the kind of pool: checked on the thick one only (lvm is slow in the VM).
+async fn ids_are_checked_before_lvm(f: &Fx) {
+    let (staging, target) = (f.d.staging_path("c1"), f.d.target_path("c1"));
+    let lvs_before = f.lv_names();
+    malformed_ids_are_invalid_argument(f, &staging, &target).await;
+    unknown_ids_are_not_found_here(f, &staging).await;
+    assert_eq!(f.lv_names(), lvs_before, "a bad id changed the VG");
+    assert!(!staging.exists() && !target.exists());
+}
+
+const HEX_KEY: &str = "0123456789abcdef0123456789abcdef";
+
+async fn malformed_ids_are_invalid_argument(f: &Fx, staging: &Path, target: &Path) {
+    let (mut c, mut n, pool) = (f.d.controller(), f.d.node(), f.pool);
+    for bad in [
+        "../x".to_owned(),
+        "a/b".to_owned(),
+        format!("{pool}/../{HEX_KEY}"),
+        format!("{pool}.{HEX_KEY}\0"),
+        format!("{pool}..{HEX_KEY}"),
+        "a".repeat(129),
+    ] {
+        let ia = Code::InvalidArgument;
+        let r = f.delete_volume(&bad).await;
+        assert_code(&format!("Delete {bad:?}"), r, ia);
+        let r = f.validate(&bad, vec![fs_cap("")]).await;
+        assert_code(&format!("Validate {bad:?}"), r, ia);
+        let r = c.controller_expand_volume(expand_64mi(&bad)).await;
+        assert_code(&format!("ControllerExpand {bad:?}"), r, ia);
+        let r = n.node_stage_volume(stage_req(&bad, staging)).await;
+        assert_code(&format!("Stage {bad:?}"), r, ia);
+        let r = n.node_get_volume_stats(stats_req(&bad, staging)).await;
+        assert_code(&format!("Stats {bad:?}"), r, ia);
+        let r = n
+            .node_expand_volume(csi::NodeExpandVolumeRequest {
+                volume_id: bad.clone(),
+                volume_path: path_str(target),
+                capacity_range: Some(range(64 * MI, 0)),
                 ..Default::default()
             })
-            .await
-            .map(|r| r.into_inner()),
-        );
-        assert_eq!(r.confirmed.is_some(), ok, "{id} {caps:?}: {r:?}");
-        assert_eq!(r.message.is_empty(), ok, "{r:?}");
+            .await;
+        assert_code(&format!("NodeExpand {bad:?}"), r, ia);
     }
+}
 
-    let staging = d.staging_path("c1");
-    let target = d.target_path("c1");
-    let mut n = d.node();
-    // Ids are validated before anything reaches LVM. This does not depend on
-    // the kind of pool: checked on the thick one only (lvm is slow in the VM).
-    if kind == Kind::Thick {
-        let lvs_before = f.lv_names();
-        let hex = "0123456789abcdef0123456789abcdef";
-        for bad in [
-            "../x".to_owned(),
-            "a/b".to_owned(),
-            format!("{pool}/../{hex}"),
-            format!("{pool}.{hex}\0"),
-            format!("{pool}..{hex}"),
-            "a".repeat(129),
-        ] {
-            let ia = Code::InvalidArgument;
-            let r = c
-                .delete_volume(csi::DeleteVolumeRequest {
-                    volume_id: bad.clone(),
-                    ..Default::default()
-                })
-                .await;
-            assert_code(&format!("Delete {bad:?}"), r, ia);
-            let r = c
-                .validate_volume_capabilities(csi::ValidateVolumeCapabilitiesRequest {
-                    volume_id: bad.clone(),
-                    volume_capabilities: vec![fs_cap("")],
-                    ..Default::default()
-                })
-                .await;
-            assert_code(&format!("Validate {bad:?}"), r, ia);
-            let r = c
-                .controller_expand_volume(csi::ControllerExpandVolumeRequest {
-                    volume_id: bad.clone(),
-                    capacity_range: Some(range(64 * MI, 0)),
-                    ..Default::default()
-                })
-                .await;
-            assert_code(&format!("ControllerExpand {bad:?}"), r, ia);
-            let r = n.node_stage_volume(stage_req(&bad, &staging)).await;
-            assert_code(&format!("Stage {bad:?}"), r, ia);
-            let r = n.node_get_volume_stats(stats_req(&bad, &staging)).await;
-            assert_code(&format!("Stats {bad:?}"), r, ia);
-            let r = n
-                .node_expand_volume(csi::NodeExpandVolumeRequest {
-                    volume_id: bad.clone(),
-                    volume_path: path_str(&target),
-                    capacity_range: Some(range(64 * MI, 0)),
-                    ..Default::default()
-                })
-                .await;
-            assert_code(&format!("NodeExpand {bad:?}"), r, ia);
+/// ControllerExpandVolume to at least 64 MiB.
+fn expand_64mi(volume_id: &str) -> csi::ControllerExpandVolumeRequest {
+    csi::ControllerExpandVolumeRequest {
+        volume_id: volume_id.to_owned(),
+        capacity_range: Some(range(64 * MI, 0)),
+        ..Default::default()
+    }
+}
+
+/// Well-formed ids of volumes that do not exist: Delete succeeds, Stage is
+/// NOT_FOUND; ControllerExpand leaves the size to the volume's node, unless
+/// the key could never name a volume.
+async fn unknown_ids_are_not_found_here(f: &Fx, staging: &Path) {
+    let (mut c, mut n, pool) = (f.d.controller(), f.d.node(), f.pool);
+    for unknown in [
+        format!("{pool}.{}", "f".repeat(32)),
+        format!("nopool.{HEX_KEY}"),
+        format!("{pool}.$(reboot) lv-x;rm -rf"),
+    ] {
+        let r = f.delete_volume(&unknown).await;
+        ok(&format!("Delete {unknown:?}"), r);
+        let r = n.node_stage_volume(stage_req(&unknown, staging)).await;
+        assert_code(&format!("Stage {unknown:?}"), r, Code::NotFound);
+        let r = c.controller_expand_volume(expand_64mi(&unknown)).await;
+        if unknown.contains('$') {
+            assert_code(&format!("ControllerExpand {unknown:?}"), r, Code::NotFound);
+        } else {
+            // Well-formed: possibly a volume on another node, so the size is
+            // left to NodeExpandVolume there (and nothing happens here).
+            let r = ok(&format!("ControllerExpand {unknown:?}"), r);
+            assert!(r.node_expansion_required, "{unknown:?}: {r:?}");
         }
-        // Well-formed ids of volumes that do not exist.
-        for unknown in [
-            format!("{pool}.{}", "f".repeat(32)),
-            format!("nopool.{hex}"),
-            format!("{pool}.$(reboot) lv-x;rm -rf"),
-        ] {
-            let r = c
-                .delete_volume(csi::DeleteVolumeRequest {
-                    volume_id: unknown.clone(),
-                    ..Default::default()
-                })
-                .await;
-            ok(&format!("Delete {unknown:?}"), r);
-            let r = n.node_stage_volume(stage_req(&unknown, &staging)).await;
-            assert_code(&format!("Stage {unknown:?}"), r, Code::NotFound);
-            let r = c
-                .controller_expand_volume(csi::ControllerExpandVolumeRequest {
-                    volume_id: unknown.clone(),
-                    capacity_range: Some(range(64 * MI, 0)),
-                    ..Default::default()
-                })
-                .await;
-            if unknown.contains('$') {
-                assert_code(&format!("ControllerExpand {unknown:?}"), r, Code::NotFound);
-            } else {
-                // Well-formed: possibly a volume on another node, so the size is
-                // left to NodeExpandVolume there (and nothing happens here).
-                let r = ok(&format!("ControllerExpand {unknown:?}"), r);
-                assert!(r.node_expansion_required, "{unknown:?}: {r:?}");
-            }
-        }
-        assert_eq!(f.lv_names(), lvs_before, "a bad id changed the VG");
-        assert!(!staging.exists() && !target.exists());
     }
+}
 
-    // NodeGetVolumeStats: a mounted filesystem (thick only: the filesystem
-    // part does not depend on the kind of LV) and a published block device.
-    if kind == Kind::Thick {
-        d.stage(&c1.volume_id, &staging).await;
-        d.publish(&c1.volume_id, &staging, &target, false).await;
-        let s = ok(
-            "stats c1",
-            n.node_get_volume_stats(stats_req(&c1.volume_id, &target))
-                .await,
-        );
-        let bytes = s
-            .usage
-            .iter()
-            .find(|u| u.unit == csi::volume_usage::Unit::Bytes as i32)
-            .unwrap();
-        let inodes = s
-            .usage
-            .iter()
-            .find(|u| u.unit == csi::volume_usage::Unit::Inodes as i32)
-            .unwrap();
-        assert!(bytes.total > 8 * MI && bytes.total <= 12 * MI, "{s:?}");
-        assert!(
-            bytes.used <= bytes.total && bytes.available <= bytes.total,
-            "{s:?}"
-        );
-        assert!(inodes.total > 0 && inodes.used > 0, "{s:?}");
-        assert_eq!(condition(&s), (false, "volume is healthy".into()));
-    }
-
-    let btarget = d.target_path("b1");
-    must(
-        "publish b1",
-        publish_cap(d, &b1.volume_id, &d.staging_path("b1"), &btarget, blk()).await,
+/// NodeGetVolumeStats of a staged and published filesystem volume: bytes and
+/// inodes, healthy (thick only: the filesystem part does not depend on the
+/// kind of LV). Leaves c1 published.
+async fn stats_of_a_published_filesystem(f: &Fx, c1: &csi::Volume) {
+    let d = &f.d;
+    let (staging, target) = (d.staging_path("c1"), d.target_path("c1"));
+    d.stage(&c1.volume_id, &staging).await;
+    d.publish(&c1.volume_id, &staging, &target, false).await;
+    let s = ok(
+        "stats c1",
+        d.node()
+            .node_get_volume_stats(stats_req(&c1.volume_id, &target))
+            .await,
     );
+    let bytes = s
+        .usage
+        .iter()
+        .find(|u| u.unit == csi::volume_usage::Unit::Bytes as i32)
+        .unwrap();
+    let inodes = s
+        .usage
+        .iter()
+        .find(|u| u.unit == csi::volume_usage::Unit::Inodes as i32)
+        .unwrap();
+    assert!(bytes.total > 8 * MI && bytes.total <= 12 * MI, "{s:?}");
+    assert!(
+        bytes.used <= bytes.total && bytes.available <= bytes.total,
+        "{s:?}"
+    );
+    assert!(inodes.total > 0 && inodes.used > 0, "{s:?}");
+    assert_eq!(condition(&s), (false, "volume is healthy".into()));
+}
+
+/// A published raw block volume: its stats are the device's size; its
+/// condition is abnormal while the LV is deactivated behind the driver's
+/// back, and after a reactivation until it is published again (publishing
+/// activates an inactive LV). Leaves b1 published.
+async fn block_volume_condition_follows_the_lv(f: &Fx, b1: &csi::Volume) {
+    let d = &f.d;
+    let (bstaging, btarget) = (d.staging_path("b1"), d.target_path("b1"));
+    let publish_b1 = || publish_cap(d, &b1.volume_id, &bstaging, &btarget, blk());
+    must("publish b1", publish_b1().await);
     let stats_b1 = || {
         let req = stats_req(&b1.volume_id, &btarget);
         let mut n = d.node();
@@ -688,46 +755,56 @@ async fn conformance(kind: Kind) {
     d.unpublish(&b1.volume_id, &btarget).await;
     // Publishing a raw block volume activates an inactive LV.
     lvchange(&f.vg, &b1.volume_id, "-an");
-    must(
-        "publish b1 again",
-        publish_cap(d, &b1.volume_id, &d.staging_path("b1"), &btarget, blk()).await,
-    );
+    must("publish b1 again", publish_b1().await);
     let (abnormal, msg) = condition(&stats_b1().await);
     assert!(!abnormal, "{msg}");
-    if kind == Kind::Thick {
-        // A filesystem volume cannot be deactivated while mounted: unmount first.
-        d.unpublish(&c1.volume_id, &target).await;
-        d.unstage(&c1.volume_id, &staging).await;
-        lvchange(&f.vg, &c1.volume_id, "-an");
-        fs::create_dir(&staging).ok();
-        let s = ok(
-            "stats of a deactivated c1",
-            n.node_get_volume_stats(stats_req(&c1.volume_id, &staging))
-                .await,
-        );
-        let (abnormal, msg) = condition(&s);
-        assert!(abnormal && msg.contains("not active"), "{msg}");
-        lvchange(&f.vg, &c1.volume_id, "-ay");
-    }
+}
 
-    // Delete: the LV goes; a repeat is OK.
-    d.unpublish(&b1.volume_id, &btarget).await;
-    for v in [&c1, &c3, &c4, &b1] {
+/// The stats of a filesystem volume whose LV is inactive are abnormal (thick
+/// only). A filesystem volume cannot be deactivated while mounted: c1 is
+/// unpublished and unstaged first.
+async fn stats_of_a_deactivated_filesystem_volume(f: &Fx, c1: &csi::Volume) {
+    let d = &f.d;
+    let (staging, target) = (d.staging_path("c1"), d.target_path("c1"));
+    d.unpublish(&c1.volume_id, &target).await;
+    d.unstage(&c1.volume_id, &staging).await;
+    lvchange(&f.vg, &c1.volume_id, "-an");
+    fs::create_dir(&staging).ok();
+    let s = ok(
+        "stats of a deactivated c1",
+        d.node()
+            .node_get_volume_stats(stats_req(&c1.volume_id, &staging))
+            .await,
+    );
+    let (abnormal, msg) = condition(&s);
+    assert!(abnormal && msg.contains("not active"), "{msg}");
+    lvchange(&f.vg, &c1.volume_id, "-ay");
+}
+
+/// Delete: the LV goes; a repeat is OK. With the hand-made LVs removed too,
+/// the VG and the capacity are the empty pool's again.
+async fn deletes_are_idempotent_and_give_everything_back(
+    f: &Fx,
+    vols: &Created,
+    b1: &csi::Volume,
+    foreign: &[String],
+    empty: &Empty,
+) {
+    let d = &f.d;
+    d.unpublish(&b1.volume_id, &d.target_path("b1")).await;
+    for v in [&vols.c1, &vols.c3, &vols.c4, b1] {
         d.delete(&v.volume_id).await;
         d.delete(&v.volume_id).await;
     }
     assert!(d.list_all().await.is_empty());
-    for lv in ["foreign", foreign_lv.as_str()] {
+    for lv in foreign {
         run_cmd(
             "lvm",
             &["lvremove", "-qq", "-y", &format!("{}/{lv}", f.vg.vg)],
         );
     }
-    assert_eq!(f.lv_names(), base_lvs);
-    assert_eq!(
-        d.capacity(None).await.available_capacity,
-        cap0.available_capacity
-    );
+    assert_eq!(f.lv_names(), empty.lvs);
+    assert_eq!(d.capacity(None).await.available_capacity, empty.capacity);
 }
 
 // ---------------------------------------------------------------------------
@@ -902,78 +979,99 @@ async fn never_reformats(kind: Kind) {
 async fn expansion_while_published(kind: Kind) {
     require_root();
     let f = Fx::new(kind).await;
-    let d = &f.d;
-    let mut c = d.controller();
-    let mut n = d.node();
-
     // ext4 on the thick pool, xfs on the thin one (growing the filesystem
     // does not depend on the kind of LV; the time in the VM does).
     let fs = match kind {
         Kind::Thick => "ext4",
         Kind::Thin => "xfs",
     };
-    {
-        let size = if fs == "xfs" { XFS_SIZE } else { 64 * MI };
-        let grown = size + 64 * MI;
-        let name = format!("grow-{fs}");
-        let v = must("create", f.create(sized(&name, size, 0, fs_cap(fs))).await);
-        let id = v.volume_id.as_str();
-        let staging = d.staging_path(&name);
-        let target = d.target_path(&name);
-        must("stage", stage_cap(d, id, &staging, fs_cap(fs)).await);
-        must(
-            "publish",
-            publish_cap(d, id, &staging, &target, fs_cap(fs)).await,
-        );
-        write_file(&target, "data", b"still here").unwrap();
-        let before = fs_total(&target);
+    published_filesystem_grows(&f, fs).await;
+    published_block_device_grows(&f).await;
+}
 
-        let r = ok(
-            "ControllerExpandVolume",
-            c.controller_expand_volume(csi::ControllerExpandVolumeRequest {
+/// ControllerExpandVolume of a published volume says the node must expand
+/// it, and leaves the LV to the node.
+async fn controller_expand_leaves_the_lv(
+    f: &Fx,
+    id: &str,
+    size: i64,
+    grown: i64,
+    cap: csi::VolumeCapability,
+    what: &str,
+) {
+    let r = ok(
+        what,
+        f.d.controller()
+            .controller_expand_volume(csi::ControllerExpandVolumeRequest {
                 volume_id: id.to_owned(),
                 capacity_range: Some(range(grown, 0)),
-                volume_capability: Some(fs_cap(fs)),
+                volume_capability: Some(cap),
                 ..Default::default()
             })
             .await,
+    );
+    assert!(r.node_expansion_required, "{r:?}");
+    assert_eq!(r.capacity_bytes, grown);
+    assert_eq!(
+        f.lv_size(id),
+        size,
+        "the controller must leave the LV to the node"
+    );
+}
+
+/// A staged and published filesystem grows by 64 MiB: the controller leaves
+/// it to NodeExpandVolume, which extends the LV and grows the filesystem
+/// (again on a repeat); the data stays.
+async fn published_filesystem_grows(f: &Fx, fs: &str) {
+    let d = &f.d;
+    let size = if fs == "xfs" { XFS_SIZE } else { 64 * MI };
+    let grown = size + 64 * MI;
+    let name = format!("grow-{fs}");
+    let v = must("create", f.create(sized(&name, size, 0, fs_cap(fs))).await);
+    let id = v.volume_id.as_str();
+    let staging = d.staging_path(&name);
+    let target = d.target_path(&name);
+    must("stage", stage_cap(d, id, &staging, fs_cap(fs)).await);
+    must(
+        "publish",
+        publish_cap(d, id, &staging, &target, fs_cap(fs)).await,
+    );
+    write_file(&target, "data", b"still here").unwrap();
+    let before = fs_total(&target);
+    controller_expand_leaves_the_lv(f, id, size, grown, fs_cap(fs), "ControllerExpandVolume").await;
+
+    let req = csi::NodeExpandVolumeRequest {
+        volume_id: id.to_owned(),
+        volume_path: path_str(&target),
+        staging_target_path: path_str(&staging),
+        capacity_range: Some(range(grown, 0)),
+        volume_capability: Some(fs_cap(fs)),
+        ..Default::default()
+    };
+    for round in ["first", "repeat"] {
+        let r = ok(
+            &format!("NodeExpandVolume {fs} {round}"),
+            d.node().node_expand_volume(req.clone()).await,
         );
-        assert!(r.node_expansion_required, "{r:?}");
         assert_eq!(r.capacity_bytes, grown);
-        assert_eq!(
-            f.lv_size(id),
-            size,
-            "the controller must leave the LV to the node"
+        assert_eq!(f.lv_size(id), grown, "{fs} {round}");
+        let after = fs_total(&target);
+        assert!(
+            after >= before + 48 * MI as u64,
+            "{fs} {round}: the filesystem did not grow ({before} -> {after})"
         );
-
-        let req = csi::NodeExpandVolumeRequest {
-            volume_id: id.to_owned(),
-            volume_path: path_str(&target),
-            staging_target_path: path_str(&staging),
-            capacity_range: Some(range(grown, 0)),
-            volume_capability: Some(fs_cap(fs)),
-            ..Default::default()
-        };
-        for round in ["first", "repeat"] {
-            let r = ok(
-                &format!("NodeExpandVolume {fs} {round}"),
-                n.node_expand_volume(req.clone()).await,
-            );
-            assert_eq!(r.capacity_bytes, grown);
-            assert_eq!(f.lv_size(id), grown, "{fs} {round}");
-            let after = fs_total(&target);
-            assert!(
-                after >= before + 48 * MI as u64,
-                "{fs} {round}: the filesystem did not grow ({before} -> {after})"
-            );
-        }
-        assert_file(&target, "data", b"still here");
-        d.unpublish(id, &target).await;
-        d.unstage(id, &staging).await;
-        d.delete(id).await;
     }
+    assert_file(&target, "data", b"still here");
+    d.unpublish(id, &target).await;
+    d.unstage(id, &staging).await;
+    d.delete(id).await;
+}
 
-    // A raw block volume: the device grows.
+/// A published raw block volume: NodeExpandVolume grows the device behind
+/// the pod's target; more than the pool can ever hold is OUT_OF_RANGE and
+/// leaves the LV as it was.
+async fn published_block_device_grows(f: &Fx) {
+    let d = &f.d;
     let v = must(
         "create block",
         f.create(sized("grow-blk", 16 * MI, 0, blk())).await,
@@ -984,18 +1082,15 @@ async fn expansion_while_published(kind: Kind) {
         "publish block",
         publish_cap(d, id, &d.staging_path("grow-blk"), &target, blk()).await,
     );
-    let r = ok(
+    controller_expand_leaves_the_lv(
+        f,
+        id,
+        16 * MI,
+        32 * MI,
+        blk(),
         "ControllerExpandVolume block",
-        c.controller_expand_volume(csi::ControllerExpandVolumeRequest {
-            volume_id: id.to_owned(),
-            capacity_range: Some(range(32 * MI, 0)),
-            volume_capability: Some(blk()),
-            ..Default::default()
-        })
-        .await,
-    );
-    assert!(r.node_expansion_required);
-    assert_eq!(f.lv_size(id), 16 * MI);
+    )
+    .await;
     let expand = |required: i64| csi::NodeExpandVolumeRequest {
         volume_id: id.to_owned(),
         volume_path: path_str(&target),
@@ -1003,6 +1098,7 @@ async fn expansion_while_published(kind: Kind) {
         volume_capability: Some(blk()),
         ..Default::default()
     };
+    let mut n = d.node();
     let r = ok(
         "NodeExpandVolume block",
         n.node_expand_volume(expand(32 * MI)).await,

@@ -205,6 +205,22 @@ impl Fx {
         v
     }
 
+    /// Whether ListVolumes shows this volume.
+    async fn is_listed(&self, volume_id: &str) -> bool {
+        self.volume_ids().await.iter().any(|v| v == volume_id)
+    }
+
+    /// NodeStageVolume of a raw block volume at the staging path of `tag`.
+    async fn stage_block(
+        &self,
+        id: &str,
+        tag: &str,
+    ) -> Result<tonic::Response<csi::NodeStageVolumeResponse>, Status> {
+        let mut req = stage_req(id, &self.d.staging_path(tag));
+        req.volume_capability = Some(cap_for("block"));
+        self.d.node().node_stage_volume(req).await
+    }
+
     /// Stages (with this filesystem type, "" for the pool's default or a
     /// raw block volume when `fs` is "block") and publishes; returns the
     /// target path.
@@ -427,8 +443,27 @@ async fn snapshot_restore(kind: Kind) {
     let oid = orig.volume_id.clone();
     let otarget = f.mount(&oid, "orig", fs).await;
     write_generation(&otarget, 1);
+    let snap = snapshot_is_ready_listed_and_idempotent(&f, &oid, size).await;
 
-    let snap = must("CreateSnapshot", f.snapshot("snap-1", &oid).await);
+    // The origin moves on.
+    for old in ["known.txt", "random.bin", "gen-1"] {
+        fs::remove_file(otarget.join(old)).unwrap();
+    }
+    write_generation(&otarget, 2);
+
+    let rid = restore_has_the_snapshots_data(&f, &snap, fs, size, &otarget).await;
+    f.unmount(&oid, "orig").await;
+    deleting_an_origin_with_a_snapshot(&f, &oid, &snap, fs).await;
+    restore_outlives_its_snapshot_and_origin(&f, &rid, &oid, &snap, fs).await;
+    assert_eq!(f.our_lvs(), base, "something was left behind");
+}
+
+/// CreateSnapshot of a published volume: ready, its source's size, an id in
+/// this pool, idempotent; its LV a COW snapshot (thick, sized by
+/// snapshotSize) or a thin one of the origin; ListSnapshots finds it by id,
+/// by source, and among all, and nothing for another source.
+async fn snapshot_is_ready_listed_and_idempotent(f: &Fx, oid: &str, size: i64) -> csi::Snapshot {
+    let snap = must("CreateSnapshot", f.snapshot("snap-1", oid).await);
     assert!(snap.ready_to_use, "{snap:?}");
     assert_eq!(snap.source_volume_id, oid);
     assert_eq!(snap.size_bytes, size, "a snapshot's size is its source's");
@@ -437,48 +472,55 @@ async fn snapshot_restore(kind: Kind) {
         snap.creation_time.is_some_and(|t| t.seconds > 0),
         "{snap:?}"
     );
-    let again = must("CreateSnapshot again", f.snapshot("snap-1", &oid).await);
+    let again = must("CreateSnapshot again", f.snapshot("snap-1", oid).await);
     assert_eq!(again.snapshot_id, snap.snapshot_id, "not idempotent");
     let sn =
         f.vg.lv(&snap_lv_name(&snap.snapshot_id))
             .expect("the snapshot's LV");
-    match kind {
+    match f.kind {
         Kind::Thick => {
             assert!(sn.attr.starts_with('s'), "a COW snapshot: {sn:?}");
             assert_eq!(sn.size, 32 * MI, "snapshotSize sizes the COW area");
         }
         Kind::Thin => assert!(sn.attr.starts_with('V'), "a thin snapshot: {sn:?}"),
     }
-    assert_eq!(sn.origin, lv_name(&oid));
+    assert_eq!(sn.origin, lv_name(oid));
     for (what, id, src) in [
         ("all", "", ""),
         ("by id", snap.snapshot_id.as_str(), ""),
-        ("by source", "", oid.as_str()),
+        ("by source", "", oid),
     ] {
         let listed = must(what, f.list_snapshots(id, src).await);
         assert_eq!(listed.len(), 1, "ListSnapshots {what}: {listed:?}");
         let l = &listed[0];
         assert_eq!(
             (
-                &l.snapshot_id,
-                &l.source_volume_id,
+                l.snapshot_id.as_str(),
+                l.source_volume_id.as_str(),
                 l.size_bytes,
                 l.ready_to_use
             ),
-            (&snap.snapshot_id, &oid, size, true),
+            (snap.snapshot_id.as_str(), oid, size, true),
             "ListSnapshots {what}"
         );
     }
     let none = must("by other source", f.list_snapshots("", "thin.x").await);
     assert!(none.is_empty(), "{none:?}");
+    snap
+}
 
-    // The origin moves on.
-    for old in ["known.txt", "random.bin", "gen-1"] {
-        fs::remove_file(otarget.join(old)).unwrap();
-    }
-    write_generation(&otarget, 2);
-
-    // Restore (the origin still mounted, still changing).
+/// A restore made while the origin is still mounted and changing: the
+/// snapshot's size and source, idempotent, a complete active LV of the
+/// pool's kind, the snapshot's data (generation 1) while the origin keeps
+/// its own (generation 2); writes to the restore stay there. Returns the
+/// restore's id, left published as "restored".
+async fn restore_has_the_snapshots_data(
+    f: &Fx,
+    snap: &csi::Snapshot,
+    fs: &str,
+    size: i64,
+    otarget: &Path,
+) -> String {
     let req = from_req("restored", 0, fs, &snap.snapshot_id, true);
     let r = must("restore", f.create(req.clone()).await);
     assert_eq!(r.capacity_bytes, size);
@@ -494,35 +536,38 @@ async fn snapshot_restore(kind: Kind) {
         "a complete restore of the same size: {lv:?}"
     );
     assert!(lv.is_active(), "{lv:?}");
-    match kind {
+    match f.kind {
         Kind::Thick => assert!(lv.attr.starts_with('-'), "a plain LV: {lv:?}"),
         Kind::Thin => assert!(lv.attr.starts_with('V'), "a thin LV: {lv:?}"),
     }
     let rtarget = f.mount(&rid, "restored", fs).await;
     assert_generation(&rtarget, 1, "the restore");
-    assert_generation(&otarget, 2, "the origin after the restore");
+    assert_generation(otarget, 2, "the origin after the restore");
     // Each keeps its own writes.
     write_file(&rtarget, "restore-only", b"r").unwrap();
     drop_caches();
     assert!(!otarget.join("restore-only").exists());
+    rid
+}
 
-    // Deleting an origin that has snapshots (README): thick is refused with
-    // FAILED_PRECONDITION (a COW snapshot cannot outlive its origin); thin is
-    // deleted and its snapshot stays restorable.
-    f.unmount(&oid, "orig").await;
-    match kind {
+/// Deleting an origin that has snapshots (README): thick is refused with
+/// FAILED_PRECONDITION (a COW snapshot cannot outlive its origin); thin is
+/// deleted and its snapshot stays restorable. Either way the snapshot's LV
+/// stays.
+async fn deleting_an_origin_with_a_snapshot(f: &Fx, oid: &str, snap: &csi::Snapshot, fs: &str) {
+    match f.kind {
         Kind::Thick => {
             let s = must_fail(
                 "delete an origin with a snapshot",
-                f.delete_volume(&oid).await,
+                f.delete_volume(oid).await,
                 Code::FailedPrecondition,
             );
             assert!(s.message().contains("snapshot"), "{}", s.message());
-            assert!(f.lv(&oid).is_some(), "the origin was removed");
+            assert!(f.lv(oid).is_some(), "the origin was removed");
         }
         Kind::Thin => {
-            must("delete origin", f.delete_volume(&oid).await);
-            f.assert_lv_gone(&oid);
+            must("delete origin", f.delete_volume(oid).await);
+            f.assert_lv_gone(oid);
             let listed = must("list", f.list_snapshots(&snap.snapshot_id, "").await);
             assert_eq!(listed.len(), 1, "the snapshot went with its origin");
             let r2 = must(
@@ -540,10 +585,19 @@ async fn snapshot_restore(kind: Kind) {
         f.vg.lv(&snap_lv_name(&snap.snapshot_id)).is_some(),
         "the snapshot's data is gone"
     );
+}
 
-    // The restore does not depend on its snapshot (thick: a block copy) nor
-    // on the origin: delete both, restage the restore.
-    f.unmount(&rid, "restored").await;
+/// The restore does not depend on its snapshot (thick: a block copy) nor on
+/// the origin: delete both (DeleteSnapshot twice), restage the restore, find
+/// its data and its own write; then delete it.
+async fn restore_outlives_its_snapshot_and_origin(
+    f: &Fx,
+    rid: &str,
+    oid: &str,
+    snap: &csi::Snapshot,
+    fs: &str,
+) {
+    f.unmount(rid, "restored").await;
     must("DeleteSnapshot", f.delete_snapshot(&snap.snapshot_id).await);
     must(
         "DeleteSnapshot again",
@@ -551,14 +605,13 @@ async fn snapshot_restore(kind: Kind) {
     );
     assert!(f.vg.lv(&snap_lv_name(&snap.snapshot_id)).is_none());
     assert!(must("list", f.list_snapshots("", "").await).is_empty());
-    must("delete origin", f.delete_volume(&oid).await);
-    f.assert_lv_gone(&oid);
-    let rtarget = f.mount(&rid, "restored-again", fs).await;
+    must("delete origin", f.delete_volume(oid).await);
+    f.assert_lv_gone(oid);
+    let rtarget = f.mount(rid, "restored-again", fs).await;
     assert_generation(&rtarget, 1, "the restore without snapshot and origin");
     assert!(rtarget.join("restore-only").exists());
-    f.unmount(&rid, "restored-again").await;
-    must("delete restore", f.delete_volume(&rid).await);
-    assert_eq!(f.our_lvs(), base, "something was left behind");
+    f.unmount(rid, "restored-again").await;
+    must("delete restore", f.delete_volume(rid).await);
 }
 
 // ---------------------------------------------------------------------------
@@ -828,13 +881,39 @@ async fn assert_restored_block(
     f.unmount(id, tag).await;
 }
 
+/// One block source and its snapshot through the steps below, in order (one
+/// VG for all of them: a VG per step would cost VM time).
 async fn restore_copy_and_crashes(kind: Kind) {
     require_root();
     let mut f = Fx::new(kind).await;
-    let size = 64 * MI;
     let base = f.our_lvs();
+    let src = block_source_with_a_snapshot(&f).await;
+    let r1 = restore_is_handed_out_only_when_complete(&f, &src).await;
+    let r2 = restore_cut_by_a_crash_is_finished_by_its_retry(&mut f, &src).await;
+    if kind == Kind::Thick {
+        orphaned_copy_is_not_joined_but_redone(&mut f, &src).await;
+    }
+    let r3 = half_made_restore_is_hidden_until_its_retry(&f, &src).await;
+    half_made_restore_of_a_deleted_snapshot_is_removed(&f, &src, &r1).await;
+    for id in [&r1, &r2, &r3, &src.volume_id] {
+        must("delete", f.delete_volume(id).await);
+    }
+    assert_eq!(f.our_lvs(), base, "something was left behind");
+}
 
-    // A raw block source with data at its start, middle and end.
+/// A raw block volume and a snapshot of it: restores of `sid` must hold
+/// `pattern`, never what was written after the snapshot.
+struct BlockSource {
+    volume_id: String,
+    size: i64,
+    sid: String,
+    pattern: Vec<(u64, Vec<u8>)>,
+}
+
+/// A raw block source with data at its start, middle and end, snapshotted,
+/// then changed at its start; left staged, not published.
+async fn block_source_with_a_snapshot(f: &Fx) -> BlockSource {
+    let size = 64 * MI;
     let src = must("create src", f.create(new_req("src", size, "block")).await);
     let starget = f.mount(&src.volume_id, "src", "block").await;
     let pattern: Vec<(u64, Vec<u8>)> = [0, 30 * MI as u64, (size - 4 * MI) as u64]
@@ -846,130 +925,109 @@ async fn restore_copy_and_crashes(kind: Kind) {
         write_at(&starget, *off, data);
     }
     let snap = must("snapshot", f.snapshot("src-snap", &src.volume_id).await);
-    let sid = snap.snapshot_id.clone();
     // Changed after the snapshot: restores must not see this.
     write_at(&starget, 0, &pseudo_random(999, 4 * MI as usize));
     f.d.unpublish(&src.volume_id, &starget).await;
-
-    // (a) While the copy runs, the volume is not handed out: CreateVolume
-    // does not return, a retry waits for the same copy, ListVolumes does not
-    // show it, NodeStage does not find it.
-    let req = from_req("r1", 0, "block", &sid, true);
-    let r1 = f.volume_id("r1");
-    if kind == Kind::Thick {
-        let mut c = f.d.controller();
-        let first = tokio::spawn({
-            let req = req.clone();
-            async move { c.create_volume(req).await }
-        });
-        let dd = catch_copy(&f.vg.vg, &lv_name(&r1)).await;
-        let lv = f.must_lv(&r1);
-        assert!(
-            lv.tags.iter().any(|t| t == "localvol.restoring"),
-            "copying, not marked restoring: {lv:?}"
-        );
-        assert!(!f.volume_ids().await.contains(&r1), "listed mid-copy");
-        let staging = f.d.staging_path("r1-early");
-        let mut sreq = stage_req(&r1, &staging);
-        sreq.volume_capability = Some(cap_for("block"));
-        must_fail(
-            "NodeStage mid-copy",
-            f.d.node().node_stage_volume(sreq).await,
-            Code::NotFound,
-        );
-        let mut preq = publish_req(&r1, &staging, &f.d.target_path("r1-early"), false);
-        preq.volume_capability = Some(cap_for("block"));
-        must_fail(
-            "NodePublish mid-copy",
-            f.d.node().node_publish_volume(preq).await,
-            Code::NotFound,
-        );
-        // The caller gives up (a timeout): the copy goes on; a retry joins it
-        // and does not return while it is stopped.
-        first.abort();
-        let _ = first.await;
-        tokio::time::sleep(Duration::from_millis(200)).await;
-        let c = f.d.controller();
-        let retry = tokio::spawn({
-            let req = req.clone();
-            async move { create_while_aborted(c, req).await }
-        });
-        tokio::time::sleep(Duration::from_secs(3)).await;
-        assert!(
-            !retry.is_finished(),
-            "a retry returned while the copy was stopped: {:?}",
-            retry.await
-        );
-        assert!(!exited(dd), "the copy died with its RPC");
-        signal_pid(dd, nix::sys::signal::Signal::SIGCONT);
-        let v = must("retried restore", retry.await.unwrap());
-        assert_eq!(v.volume_id, r1);
-    } else {
-        let v = must("thin restore", f.create(req.clone()).await);
-        assert_eq!(v.volume_id, r1);
-        let lv = f.must_lv(&r1);
-        assert!(lv.attr.starts_with('V'), "{lv:?}");
-        assert_eq!(
-            lv.origin,
-            snap_lv_name(&sid),
-            "a thin snapshot of the snapshot"
-        );
+    BlockSource {
+        volume_id: src.volume_id,
+        size,
+        sid: snap.snapshot_id,
+        pattern,
     }
-    assert_restored_block(&f, &r1, "r1", &pattern, "r1").await;
+}
 
-    // (b) Crash mid-create: thick, the driver and its copy are killed mid-copy;
-    // thin, the driver and lvcreate are killed while lvcreate runs (or the
-    // create finished first). Restarted, the volume is not listed; the retry
-    // finishes it.
-    let req = from_req("r2", 0, "block", &sid, true);
+/// (a) A restore is handed out complete, with the snapshot's data: thick,
+/// not before its copy ends; thin, at once, a thin snapshot of the snapshot.
+/// Returns r1's id.
+async fn restore_is_handed_out_only_when_complete(f: &Fx, src: &BlockSource) -> String {
+    let req = from_req("r1", 0, "block", &src.sid, true);
+    let r1 = f.volume_id("r1");
+    match f.kind {
+        Kind::Thick => thick_restore_is_hidden_while_it_copies(f, req, &r1).await,
+        Kind::Thin => {
+            let v = must("thin restore", f.create(req).await);
+            assert_eq!(v.volume_id, r1);
+            let lv = f.must_lv(&r1);
+            assert!(lv.attr.starts_with('V'), "{lv:?}");
+            assert_eq!(
+                lv.origin,
+                snap_lv_name(&src.sid),
+                "a thin snapshot of the snapshot"
+            );
+        }
+    }
+    assert_restored_block(f, &r1, "r1", &src.pattern, "r1").await;
+    r1
+}
+
+/// Thick: while the copy runs (stopped here), the volume is not handed out:
+/// CreateVolume does not return, a retry waits for the same copy,
+/// ListVolumes does not show it, NodeStage and NodePublish do not find it.
+async fn thick_restore_is_hidden_while_it_copies(f: &Fx, req: csi::CreateVolumeRequest, r1: &str) {
+    let mut c = f.d.controller();
+    let first = tokio::spawn({
+        let req = req.clone();
+        async move { c.create_volume(req).await }
+    });
+    let dd = catch_copy(&f.vg.vg, &lv_name(r1)).await;
+    let lv = f.must_lv(r1);
+    assert!(
+        lv.tags.iter().any(|t| t == "localvol.restoring"),
+        "copying, not marked restoring: {lv:?}"
+    );
+    assert!(!f.is_listed(r1).await, "listed mid-copy");
+    must_fail(
+        "NodeStage mid-copy",
+        f.stage_block(r1, "r1-early").await,
+        Code::NotFound,
+    );
+    let staging = f.d.staging_path("r1-early");
+    let mut preq = publish_req(r1, &staging, &f.d.target_path("r1-early"), false);
+    preq.volume_capability = Some(cap_for("block"));
+    must_fail(
+        "NodePublish mid-copy",
+        f.d.node().node_publish_volume(preq).await,
+        Code::NotFound,
+    );
+    // The caller gives up (a timeout): the copy goes on; a retry joins it
+    // and does not return while it is stopped.
+    first.abort();
+    let _ = first.await;
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let c = f.d.controller();
+    let retry = tokio::spawn(create_while_aborted(c, req));
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert!(
+        !retry.is_finished(),
+        "a retry returned while the copy was stopped: {:?}",
+        retry.await
+    );
+    assert!(!exited(dd), "the copy died with its RPC");
+    signal_pid(dd, nix::sys::signal::Signal::SIGCONT);
+    let v = must("retried restore", retry.await.unwrap());
+    assert_eq!(v.volume_id, r1);
+}
+
+/// (b) Crash mid-create: thick, the driver and its copy are killed mid-copy;
+/// thin, the driver and lvcreate are killed while lvcreate runs (or the
+/// create finished first). Restarted, the volume is not listed while
+/// unfinished; the retry finishes it. Returns r2's id.
+async fn restore_cut_by_a_crash_is_finished_by_its_retry(f: &mut Fx, src: &BlockSource) -> String {
+    let req = from_req("r2", 0, "block", &src.sid, true);
     let r2 = f.volume_id("r2");
     let mut c = f.d.controller();
     let call = tokio::spawn({
         let req = req.clone();
         async move { c.create_volume(req).await }
     });
-    let what = match kind {
+    let what = match f.kind {
         Kind::Thick => {
             let dd = catch_copy(&f.vg.vg, &lv_name(&r2)).await;
             signal_pid(dd, nix::sys::signal::Signal::SIGKILL);
             f.d.kill9();
             "killed the driver and dd mid-copy".to_owned()
         }
-        Kind::Thin => {
-            let deadline = Instant::now() + Duration::from_secs(30);
-            let tag = "localvol.name=r2".to_owned();
-            let pid = loop {
-                if let Some(p) = find_proc("lvcreate", &tag) {
-                    break Some(p);
-                }
-                if call.is_finished() || Instant::now() > deadline {
-                    break None;
-                }
-                tokio::time::sleep(Duration::from_millis(1)).await;
-            };
-            // Killed once its LV's device shows (metadata committed and
-            // the LV activated, its `creating` tag not yet removed): killing
-            // lvcreate inside a thin pool transaction could break the pool
-            // itself, which is LVM's business, not the driver's.
-            let node = f.vg.dev_path(&lv_name(&r2));
-            let hit = match pid {
-                Some(p) => {
-                    while !node.exists() && !exited(p) && Instant::now() < deadline {
-                        std::thread::sleep(Duration::from_micros(200));
-                    }
-                    let hit = node.exists() && !exited(p);
-                    signal_pid(p, nix::sys::signal::Signal::SIGKILL);
-                    if hit {
-                        "right after activation"
-                    } else {
-                        "lvcreate had exited"
-                    }
-                }
-                None => "lvcreate never seen: it had finished",
-            };
-            f.d.kill9();
-            format!("killed the driver and lvcreate ({hit})")
-        }
+        Kind::Thin => kill_lvcreate_and_the_driver(f, "r2", &call).await,
     };
     let _ = call.await;
     f.d.start_again_retrying().await;
@@ -980,13 +1038,13 @@ async fn restore_copy_and_crashes(kind: Kind) {
             .any(|t| t == "localvol.restoring" || t == "localvol.creating")
         {
             assert!(
-                !f.volume_ids().await.contains(&r2),
+                !f.is_listed(&r2).await,
                 "{what}: an unfinished restore is listed"
             );
         }
     } else {
         assert!(
-            kind == Kind::Thin,
+            f.kind == Kind::Thin,
             "{what}: the LV being copied into is gone"
         );
     }
@@ -995,98 +1053,137 @@ async fn restore_copy_and_crashes(kind: Kind) {
         f.create(req).await,
     );
     assert_eq!(v.volume_id, r2);
-    assert_restored_block(&f, &r2, "r2", &pattern, &what).await;
-    eprintln!("restore_copy_and_crashes {kind:?}: {what}");
+    assert_restored_block(f, &r2, "r2", &src.pattern, &what).await;
+    eprintln!("restore_copy_and_crashes {:?}: {what}", f.kind);
+    r2
+}
 
-    // (b2) Thick: only the driver dies; its copy lives on (outside a pod's
-    // cgroup nothing kills it). The restarted driver must not start a second
-    // writer beside it (ABORTED while it runs), and must redo the copy after.
-    let r5 = f.volume_id("r5");
-    if kind == Kind::Thick {
-        let req = from_req("r5", 0, "block", &sid, true);
-        let mut c = f.d.controller();
-        let call = tokio::spawn({
-            let req = req.clone();
-            async move { c.create_volume(req).await }
-        });
-        let dd = catch_copy(&f.vg.vg, &lv_name(&r5)).await;
-        f.d.kill9();
-        let _ = call.await;
-        f.d.start_again_retrying().await;
-        must_fail(
-            "retry while the dead driver's copy still runs",
-            f.create(req.clone()).await,
-            Code::Aborted,
-        );
-        assert!(!f.volume_ids().await.contains(&r5));
-        signal_pid(dd, nix::sys::signal::Signal::SIGCONT);
-        let deadline = Instant::now() + Duration::from_secs(120);
-        while !exited(dd) && Instant::now() < deadline {
-            tokio::time::sleep(Duration::from_millis(20)).await;
+/// Thin: waits (up to 30 s) for the `lvcreate` of the restore `name` while
+/// `call` runs, kills it, then the driver; says what was hit. Killed once
+/// its LV's device shows (metadata committed and the LV activated, its
+/// `creating` tag not yet removed): killing lvcreate inside a thin pool
+/// transaction could break the pool itself, which is LVM's business, not
+/// the driver's.
+async fn kill_lvcreate_and_the_driver<T>(
+    f: &mut Fx,
+    name: &str,
+    call: &tokio::task::JoinHandle<T>,
+) -> String {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let tag = format!("localvol.name={name}");
+    let pid = loop {
+        if let Some(p) = find_proc("lvcreate", &tag) {
+            break Some(p);
         }
-        assert!(exited(dd), "the orphaned copy did not end");
-        let lv = f.must_lv(&r5);
-        assert!(
-            lv.tags.iter().any(|t| t == "localvol.restoring"),
-            "a copy without its driver completed the volume: {lv:?}"
-        );
-        let v = must("retry after the orphaned copy ended", f.create(req).await);
-        assert_eq!(v.volume_id, r5);
-        assert_restored_block(&f, &r5, "r5", &pattern, "r5").await;
-        must("delete r5", f.delete_volume(&r5).await);
-    }
-
-    // (c) The state a crash right after lvcreate leaves (inactive, not
-    // wiped / not extended), made by hand: hidden; the retry finishes it.
-    let r3_size = match kind {
-        Kind::Thick => size,
-        Kind::Thin => 2 * size,
+        if call.is_finished() || Instant::now() > deadline {
+            break None;
+        }
+        tokio::time::sleep(Duration::from_millis(1)).await;
     };
-    half_made(&f, "r3", &sid, size);
-    let r3 = f.volume_id("r3");
-    assert!(
-        !f.volume_ids().await.contains(&r3),
-        "a half-made restore is listed"
+    let node = f.vg.dev_path(&lv_name(&f.volume_id(name)));
+    let hit = match pid {
+        Some(p) => {
+            while !node.exists() && !exited(p) && Instant::now() < deadline {
+                std::thread::sleep(Duration::from_micros(200));
+            }
+            let hit = node.exists() && !exited(p);
+            signal_pid(p, nix::sys::signal::Signal::SIGKILL);
+            if hit {
+                "right after activation"
+            } else {
+                "lvcreate had exited"
+            }
+        }
+        None => "lvcreate never seen: it had finished",
+    };
+    f.d.kill9();
+    format!("killed the driver and lvcreate ({hit})")
+}
+
+/// (b2) Thick: only the driver dies; its copy lives on (outside a pod's
+/// cgroup nothing kills it). The restarted driver must not start a second
+/// writer beside it (ABORTED while it runs), and must redo the copy after.
+async fn orphaned_copy_is_not_joined_but_redone(f: &mut Fx, src: &BlockSource) {
+    let r5 = f.volume_id("r5");
+    let req = from_req("r5", 0, "block", &src.sid, true);
+    let mut c = f.d.controller();
+    let call = tokio::spawn({
+        let req = req.clone();
+        async move { c.create_volume(req).await }
+    });
+    let dd = catch_copy(&f.vg.vg, &lv_name(&r5)).await;
+    f.d.kill9();
+    let _ = call.await;
+    f.d.start_again_retrying().await;
+    must_fail(
+        "retry while the dead driver's copy still runs",
+        f.create(req.clone()).await,
+        Code::Aborted,
     );
-    let staging = f.d.staging_path("r3-early");
-    let mut sreq = stage_req(&r3, &staging);
-    sreq.volume_capability = Some(cap_for("block"));
+    assert!(!f.is_listed(&r5).await);
+    signal_pid(dd, nix::sys::signal::Signal::SIGCONT);
+    let deadline = Instant::now() + Duration::from_secs(120);
+    while !exited(dd) && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(exited(dd), "the orphaned copy did not end");
+    let lv = f.must_lv(&r5);
+    assert!(
+        lv.tags.iter().any(|t| t == "localvol.restoring"),
+        "a copy without its driver completed the volume: {lv:?}"
+    );
+    let v = must("retry after the orphaned copy ended", f.create(req).await);
+    assert_eq!(v.volume_id, r5);
+    assert_restored_block(f, &r5, "r5", &src.pattern, "r5").await;
+    must("delete r5", f.delete_volume(&r5).await);
+}
+
+/// (c) The state a crash right after lvcreate leaves (inactive, not wiped /
+/// not extended), made by hand: hidden from ListVolumes and NodeStage; the
+/// retry finishes it, at the size it asks for. Returns r3's id.
+async fn half_made_restore_is_hidden_until_its_retry(f: &Fx, src: &BlockSource) -> String {
+    let r3_size = match f.kind {
+        Kind::Thick => src.size,
+        Kind::Thin => 2 * src.size,
+    };
+    half_made(f, "r3", &src.sid, src.size);
+    let r3 = f.volume_id("r3");
+    assert!(!f.is_listed(&r3).await, "a half-made restore is listed");
     must_fail(
         "NodeStage of a half-made restore",
-        f.d.node().node_stage_volume(sreq).await,
+        f.stage_block(&r3, "r3-early").await,
         Code::NotFound,
     );
     let v = must(
         "finish a half-made restore",
-        f.create(from_req("r3", r3_size, "block", &sid, true)).await,
+        f.create(from_req("r3", r3_size, "block", &src.sid, true))
+            .await,
     );
     assert_eq!(v.volume_id, r3);
     assert_eq!(v.capacity_bytes, r3_size);
     assert_eq!(f.must_lv(&r3).size, r3_size, "not extended");
-    assert_restored_block(&f, &r3, "r3", &pattern, "r3 (half made)").await;
+    assert_restored_block(f, &r3, "r3", &src.pattern, "r3 (half made)").await;
+    r3
+}
 
-    // (d) Half made, and its snapshot deleted before the retry: the retry
-    // says NOT_FOUND and removes the leftover; nothing leaks.
-    half_made(&f, "r4", &sid, size);
+/// (d) Half made, and its snapshot deleted before the retry: the retry says
+/// NOT_FOUND and removes the leftover; nothing leaks. A complete restore
+/// (r1) answers its retry even after its snapshot is gone.
+async fn half_made_restore_of_a_deleted_snapshot_is_removed(f: &Fx, src: &BlockSource, r1: &str) {
+    half_made(f, "r4", &src.sid, src.size);
     let r4 = f.volume_id("r4");
-    must("DeleteSnapshot", f.delete_snapshot(&sid).await);
+    must("DeleteSnapshot", f.delete_snapshot(&src.sid).await);
     must_fail(
         "retry of a half-made restore whose snapshot is gone",
-        f.create(from_req("r4", 0, "block", &sid, true)).await,
+        f.create(from_req("r4", 0, "block", &src.sid, true)).await,
         Code::NotFound,
     );
     f.assert_lv_gone(&r4);
-    // A complete restore answers its retry even after its snapshot is gone.
     let again = must(
         "retry of a complete restore, snapshot gone",
-        f.create(from_req("r1", 0, "block", &sid, true)).await,
+        f.create(from_req("r1", 0, "block", &src.sid, true)).await,
     );
     assert_eq!(again.volume_id, r1);
-
-    for id in [&r1, &r2, &r3, &src.volume_id] {
-        must("delete", f.delete_volume(id).await);
-    }
-    assert_eq!(f.our_lvs(), base, "something was left behind");
 }
 
 /// CreateVolume, again while it is ABORTED (the per-volume lock of a call
@@ -1123,14 +1220,32 @@ fn find_proc(cmd: &str, arg: &str) -> Option<i32> {
 async fn snapshot_ids(kind: Kind) {
     require_root();
     let f = Fx::new(kind).await;
-    let pool = f.pool;
     let v = must("create", f.create(new_req("vol", 8 * MI, "block")).await);
     let vid = v.volume_id.clone();
     let snap = must("snapshot", f.snapshot("s", &vid).await);
     let lvs_before = f.lv_names();
+    malformed_snapshot_ids_are_invalid_argument(&f).await;
+    unknown_snapshot_ids_name_nothing(&f, &vid).await;
+    create_snapshot_checks_its_request(&f, &vid).await;
+    a_snapshots_id_and_name_are_its_own(&f, &snap).await;
+    assert_eq!(f.lv_names(), lvs_before, "bad input changed the VG");
+
+    must("DeleteSnapshot", f.delete_snapshot(&snap.snapshot_id).await);
+    must(
+        "DeleteSnapshot again",
+        f.delete_snapshot(&snap.snapshot_id).await,
+    );
+    assert!(f.vg.lv(&snap_lv_name(&snap.snapshot_id)).is_none());
+    must("delete", f.delete_volume(&vid).await);
+    f.assert_lv_gone(&vid);
+}
+
+/// Malformed snapshot (and source volume) ids are INVALID_ARGUMENT in every
+/// RPC that takes one.
+async fn malformed_snapshot_ids_are_invalid_argument(f: &Fx) {
+    let pool = f.pool;
     let hex = "0123456789abcdef0123456789abcdef";
     let ia = Code::InvalidArgument;
-
     for bad in [
         "../x".to_owned(),
         "a/b".to_owned(),
@@ -1165,14 +1280,19 @@ async fn snapshot_ids(kind: Kind) {
             ia,
         );
     }
-    // Well-formed ids that name nothing: deletes succeed, restores NOT_FOUND.
+}
+
+/// Well-formed ids that name nothing: deletes succeed, lists are empty,
+/// restores NOT_FOUND. `vid`, a volume's id, is no snapshot id (and the
+/// volume must survive).
+async fn unknown_snapshot_ids_name_nothing(f: &Fx, vid: &str) {
+    let pool = f.pool;
     for unknown in [
         format!("{pool}.{}", "f".repeat(32)),
         // A pool this node lacks: nothing there exists here.
         format!("nopool.{}", "f".repeat(32)),
         format!("{pool}.$(reboot) sn-x;rm -rf"),
-        // A volume's id is no snapshot id (and the volume must survive).
-        vid.clone(),
+        vid.to_owned(),
     ] {
         must(
             &format!("DeleteSnapshot {unknown:?}"),
@@ -1186,6 +1306,12 @@ async fn snapshot_ids(kind: Kind) {
             Code::NotFound,
         );
     }
+}
+
+/// CreateSnapshot of a missing volume is NOT_FOUND; without a name, or with
+/// a parameter it does not know, INVALID_ARGUMENT.
+async fn create_snapshot_checks_its_request(f: &Fx, vid: &str) {
+    let ia = Code::InvalidArgument;
     must_fail(
         "CreateSnapshot of a missing volume",
         f.snapshot("x", &f.volume_id("missing")).await,
@@ -1193,25 +1319,29 @@ async fn snapshot_ids(kind: Kind) {
     );
     must_fail(
         "CreateSnapshot without a name",
-        f.snapshot("", &vid).await,
+        f.snapshot("", vid).await,
         ia,
     );
     let r =
         f.d.controller()
             .create_snapshot(csi::CreateSnapshotRequest {
                 name: "x".into(),
-                source_volume_id: vid.clone(),
+                source_volume_id: vid.to_owned(),
                 parameters: params(&[("snapshotsize", "8Mi")]),
                 ..Default::default()
             })
             .await;
     assert_code("an unknown snapshot parameter", r, ia);
-    // A snapshot's id is no volume id: deleting it as a volume keeps it.
+}
+
+/// A snapshot's id is no volume id: deleting it as a volume keeps it. A
+/// snapshot's name is taken: the same name for another volume is
+/// ALREADY_EXISTS.
+async fn a_snapshots_id_and_name_are_its_own(f: &Fx, snap: &csi::Snapshot) {
     must(
         "DeleteVolume of a snapshot id",
         f.delete_volume(&snap.snapshot_id).await,
     );
-    // The same snapshot name for another volume: ALREADY_EXISTS.
     let other = must(
         "create other",
         f.create(new_req("other", 8 * MI, "block")).await,
@@ -1222,16 +1352,6 @@ async fn snapshot_ids(kind: Kind) {
         Code::AlreadyExists,
     );
     must("delete other", f.delete_volume(&other.volume_id).await);
-    assert_eq!(f.lv_names(), lvs_before, "bad input changed the VG");
-
-    must("DeleteSnapshot", f.delete_snapshot(&snap.snapshot_id).await);
-    must(
-        "DeleteSnapshot again",
-        f.delete_snapshot(&snap.snapshot_id).await,
-    );
-    assert!(f.vg.lv(&snap_lv_name(&snap.snapshot_id)).is_none());
-    must("delete", f.delete_volume(&vid).await);
-    f.assert_lv_gone(&vid);
 }
 
 // ---------------------------------------------------------------------------
