@@ -5,8 +5,8 @@
 //! qemu guest (vm/README.md) with `--ignored --test-threads=1`. Each test makes
 //! its own volume group on a loop device over a sparse file on the guest's
 //! tmpfs ([`LoopVg`], removed on drop even when the test fails), starts the
-//! real `localvol serve` on one LVM pool, and runs once against a thick pool
-//! and once against a thin pool (`<scenario>::thick`, `<scenario>::thin`).
+//! real `localvol serve` on one LVM pool, and runs against a thick pool and a
+//! thin pool (one test per scenario, `thick_and_thin::<scenario>`).
 //!
 //! Ground truth is checked with LVM's own tools (`lvs`, `vgs`, `blkid`), never
 //! through the driver.
