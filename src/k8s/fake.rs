@@ -7,9 +7,13 @@
 //! query has one) of a cluster-scoped collection, or of all namespaces'
 //! CSIStorageCapacities; watches that end at once (the watcher re-watches
 //! with its backoff; not logged); GET, POST (uid and resourceVersion set; a
-//! new PV gets phase Pending), PUT (resourceVersion must match) and DELETE
-//! (a uid precondition must match) of single objects; Events (logged as
-//! `EVENT <reason>`). Anything else is logged as `UNEXPECTED` and answered 500.
+//! new PV gets phase Pending), PUT (resourceVersion must match), DELETE (a uid
+//! precondition must match) and JSON-patch PATCH (RFC 6902, `test` included;
+//! a failed operation is 422 Invalid, as the API server answers) of single
+//! objects; Events (logged as `EVENT <reason>`). Finalizers hold as in the API
+//! server: DELETE of an object that has some only sets its
+//! `deletionTimestamp`, and the object goes when a PATCH takes the last one
+//! off. Anything else is logged as `UNEXPECTED` and answered 500.
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
@@ -22,11 +26,17 @@ use serde_json::{json, Value};
 /// Where PersistentVolumes live in the API.
 pub const PVS: &str = "/api/v1/persistentvolumes";
 
+/// A change made to a stored object by someone else.
+pub type Writer = Box<dyn FnOnce(&mut Value) + Send>;
+
 /// Objects by API path, and the request log.
 #[derive(Default)]
 pub struct FakeApi {
     pub objects: BTreeMap<String, Value>,
     pub log: Vec<String>,
+    /// Runs once on the stored object just before the next PATCH applies: a
+    /// concurrent writer that got there first.
+    pub before_next_patch: Option<Writer>,
     rv: u64,
 }
 
@@ -115,6 +125,12 @@ fn respond(code: u16, v: &Value) -> Response<Body> {
         .unwrap()
 }
 
+fn has_finalizers(o: &Value) -> bool {
+    o["metadata"]["finalizers"]
+        .as_array()
+        .is_some_and(|f| !f.is_empty())
+}
+
 /// The decoded `labelSelector` of a query string (enough percent-decoding for
 /// selectors: `=`, `,` and `/`).
 fn selector_of(query: &str) -> Option<String> {
@@ -157,6 +173,12 @@ async fn handle(api: &Mutex<FakeApi>, req: Request<Body>) -> Response<Body> {
     let method = req.method().to_string();
     let path = req.uri().path().to_owned();
     let query = req.uri().query().unwrap_or("").to_owned();
+    let content_type = req
+        .headers()
+        .get(http::header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("")
+        .to_owned();
     let body = req.into_body().collect_bytes().await.unwrap();
     let body: Value = if body.is_empty() {
         Value::Null
@@ -200,7 +222,44 @@ async fn handle(api: &Mutex<FakeApi>, req: Request<Body>) -> Response<Body> {
             if !want.is_null() && *want != o["metadata"]["uid"] {
                 return respond(409, &status(409, "Conflict"));
             }
+            if has_finalizers(&o) {
+                // Held: marked for deletion (once), kept.
+                let mut o = o;
+                if o["metadata"]["deletionTimestamp"].is_null() {
+                    api.rv += 1;
+                    o["metadata"]["deletionTimestamp"] = json!("2020-01-01T00:00:00Z");
+                    o["metadata"]["resourceVersion"] = json!(api.rv.to_string());
+                    api.objects.insert(path, o.clone());
+                }
+                return respond(200, &o);
+            }
             api.objects.remove(&path);
+            respond(200, &o)
+        }
+        "PATCH" if content_type == "application/json-patch+json" => {
+            let writer = api.before_next_patch.take();
+            let Some(old) = api.objects.get_mut(&path) else {
+                return respond(404, &status(404, "NotFound"));
+            };
+            if let Some(w) = writer {
+                w(old);
+            }
+            let mut o = old.clone();
+            let applied = serde_json::from_value::<json_patch::Patch>(body)
+                .map_err(|e| e.to_string())
+                .and_then(|p| json_patch::patch(&mut o, &p).map_err(|e| e.to_string()));
+            if let Err(e) = applied {
+                let mut st = status(422, "Invalid");
+                st["message"] = json!(e);
+                return respond(422, &st);
+            }
+            api.rv += 1;
+            o["metadata"]["resourceVersion"] = json!(api.rv.to_string());
+            if !o["metadata"]["deletionTimestamp"].is_null() && !has_finalizers(&o) {
+                api.objects.remove(&path);
+            } else {
+                api.objects.insert(path, o.clone());
+            }
             respond(200, &o)
         }
         "POST" => {
