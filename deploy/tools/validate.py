@@ -164,7 +164,8 @@ RBAC.update({
     # src/controller/mod.rs + lease.rs (`localvol controller`).
     ("ClusterRole", "controller"): {
         ("", "nodes"): {"get", "list", "watch"},                 # reflector
-        ("", "persistentvolumes"): {"get", "list", "watch", "delete"},  # reflector, delete_lost_pv
+        # reflector, delete_lost_pv, release_finalizer (JSON patch)
+        ("", "persistentvolumes"): {"get", "list", "watch", "delete", "patch"},
         ("", "persistentvolumeclaims"): {"get", "delete"},       # get_opt, delete (claimRef namespace)
         ("storage.k8s.io", "storageclasses"): {"get"},           # claim_opted_in get_opt
         ("storage.k8s.io", "csistoragecapacities"): {"list", "delete"},  # Api::all list, delete in its namespace

@@ -9,6 +9,13 @@
 //! removed. A node that merely is NotReady still exists and is never acted on.
 //! Every action is logged and recorded as an Event on the PV.
 //!
+//! A deleted PV that still carries external-provisioner's finalizer
+//! ([`nodeloss::PROVISIONER_FINALIZER`]) would stay Terminating forever: only
+//! the provisioner of the lost node would have taken it off. So the controller
+//! takes it off those PVs, and only those (this driver's, on a lost node),
+//! with a test-and-remove JSON patch; a patch refused because the PV changed
+//! meanwhile is retried on the next pass, from what the API then returns.
+//!
 //! Nodes and PVs come from kube-runtime reflectors (with backoff); a pass
 //! reads the caches, and talks to the API only to act.
 
@@ -19,7 +26,7 @@ use std::time::{Duration, Instant};
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::{Node, PersistentVolume, PersistentVolumeClaim};
 use k8s_openapi::api::storage::v1::{CSIStorageCapacity, StorageClass};
-use kube::api::{Api, DeleteParams, ListParams, Preconditions};
+use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, Preconditions};
 use kube::runtime::events::{EventType, Recorder, Reporter};
 use kube::runtime::reflector::{self, Store};
 use kube::runtime::{watcher, WatchStreamExt};
@@ -41,6 +48,8 @@ pub enum ControllerError {
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct PassReport {
     pub deleted_pvs: Vec<String>,
+    /// PVs whose provisioner finalizer was taken off.
+    pub released_finalizers: Vec<String>,
     pub deleted_pvcs: Vec<String>,
     pub deleted_capacities: Vec<String>,
 }
@@ -166,12 +175,49 @@ impl NodeLoss {
             ..Default::default()
         };
         match api.delete(&name, &dp).await {
-            Ok(_) => {
+            Ok(res) => {
                 tracing::info!(pv = %name, %node, "node lost: PV deleted");
                 report.deleted_pvs.push(name);
-                Ok(())
+                // The PV as the API server has it now: still there (Terminating)
+                // while finalizers hold it, else gone (a Status).
+                match res.left() {
+                    Some(current) => self.release_finalizer(&api, &current, node, report).await,
+                    None => Ok(()),
+                }
             }
             Err(kube::Error::Api(s)) if s.is_not_found() || s.is_conflict() => Ok(()),
+            Err(e) => Err(e.into()),
+        }
+    }
+
+    /// Takes external-provisioner's finalizer off a lost node's PV (see
+    /// [`nodeloss::finalizer_removal`]). A PV gone (404), changed (409) or
+    /// whose finalizers moved (422, the patch's `test` failed) is left to the
+    /// next pass, which deletes it again and patches what that returns.
+    async fn release_finalizer(
+        &self,
+        api: &Api<PersistentVolume>,
+        pv: &PersistentVolume,
+        node: &str,
+        report: &mut PassReport,
+    ) -> Result<(), ControllerError> {
+        let Some(patch) = nodeloss::finalizer_removal(pv) else {
+            return Ok(());
+        };
+        let name = pv.metadata.name.clone().unwrap_or_default();
+        let patch: Patch<()> = Patch::Json(patch);
+        match api.patch(&name, &PatchParams::default(), &patch).await {
+            Ok(_) => {
+                tracing::info!(pv = %name, %node, finalizer = nodeloss::PROVISIONER_FINALIZER,
+                    "node lost: provisioner finalizer removed");
+                report.released_finalizers.push(name);
+                Ok(())
+            }
+            Err(kube::Error::Api(s)) if matches!(s.code, 404 | 409 | 422) => {
+                tracing::info!(pv = %name, %node, reason = %s.message,
+                    "node lost: PV changed before its finalizer was removed; retrying next pass");
+                Ok(())
+            }
             Err(e) => Err(e.into()),
         }
     }

@@ -1,6 +1,7 @@
 //! What the node-loss controller decides, without any API calls: which nodes
-//! have been gone for longer than the grace period, and which of this
-//! driver's PVs are pinned to them.
+//! have been gone for longer than the grace period, which of this driver's
+//! PVs are pinned to them, and the patch that takes the provisioner's
+//! finalizer off such a PV.
 //!
 //! A node counts as gone only when its Node object does not exist (a NotReady
 //! node still exists and is never acted on). The time a node was first seen
@@ -10,13 +11,51 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::{Duration, Instant};
 
+use json_patch::jsonptr::PointerBuf;
+use json_patch::{Patch, PatchOperation, RemoveOperation, TestOperation};
 use k8s_openapi::api::core::v1::PersistentVolume;
+use serde_json::Value;
 
 use crate::ids::TOPOLOGY_KEY;
 
 /// Opt-in annotation on a PVC (or its StorageClass): delete the claim too
 /// when its node is lost, so a StatefulSet pod can be rescheduled elsewhere.
 pub const ANN_DELETE_ON_NODE_LOSS: &str = "localvol.csi.dev/delete-on-node-loss";
+
+/// The finalizer external-provisioner (v5, HonorPVReclaimPolicy) puts on
+/// every Delete-policy PV it provisions. Only the provisioner of the PV's own
+/// node takes it off (after DeleteVolume), so once that node is lost nothing
+/// else would, and the deleted PV would stay Terminating forever.
+pub const PROVISIONER_FINALIZER: &str = "external-provisioner.volume.kubernetes.io/finalizer";
+
+/// The JSON patch that takes [`PROVISIONER_FINALIZER`] off `pv` as read:
+/// `test` that the object is still this one (its uid) and the finalizer still
+/// at the index it was read at, then `remove` that index. If the object or
+/// its finalizer list changed since, the API server refuses the whole patch
+/// (422) instead of removing someone else's finalizer. None when `pv` does
+/// not carry the finalizer.
+pub fn finalizer_removal(pv: &PersistentVolume) -> Option<Patch> {
+    let i = pv
+        .metadata
+        .finalizers
+        .as_ref()?
+        .iter()
+        .position(|f| f == PROVISIONER_FINALIZER)?;
+    let at = PointerBuf::from_tokens(["metadata", "finalizers", &i.to_string()]);
+    let mut ops = Vec::new();
+    if let Some(uid) = &pv.metadata.uid {
+        ops.push(PatchOperation::Test(TestOperation {
+            path: PointerBuf::from_tokens(["metadata", "uid"]),
+            value: Value::String(uid.clone()),
+        }));
+    }
+    ops.push(PatchOperation::Test(TestOperation {
+        path: at.clone(),
+        value: Value::String(PROVISIONER_FINALIZER.to_owned()),
+    }));
+    ops.push(PatchOperation::Remove(RemoveOperation { path: at }));
+    Some(Patch(ops))
+}
 
 /// The node a PV of `driver` is pinned to by its node affinity on the
 /// topology key (`In` exactly one node); None for anything else.
@@ -169,6 +208,48 @@ mod tests {
             m.update(t0 + grace * 4, &set(&["n2"]), &pinned, grace),
             set(&["n1"])
         );
+    }
+
+    #[test]
+    fn finalizer_removal_tests_then_removes_only_the_provisioners() {
+        let d = "localvol.csi.dev";
+        assert!(finalizer_removal(&pv("a", d, "n1")).is_none());
+        let mut p = pv("a", d, "n1");
+        p.metadata.finalizers = Some(vec![
+            "kubernetes.io/pv-protection".into(),
+            PROVISIONER_FINALIZER.into(),
+        ]);
+        let patch = finalizer_removal(&p).unwrap();
+        assert_eq!(
+            serde_json::to_value(&patch).unwrap(),
+            json!([
+                {"op": "test", "path": "/metadata/uid", "value": "uid-a"},
+                {"op": "test", "path": "/metadata/finalizers/1", "value": PROVISIONER_FINALIZER},
+                {"op": "remove", "path": "/metadata/finalizers/1"},
+            ])
+        );
+        // Applied to the PV as read: only that finalizer goes.
+        let mut doc = serde_json::to_value(&p).unwrap();
+        json_patch::patch(&mut doc, &patch).unwrap();
+        assert_eq!(
+            doc["metadata"]["finalizers"],
+            json!(["kubernetes.io/pv-protection"])
+        );
+        // The list changed since it was read, or the name is another PV now:
+        // the patch fails as a whole and removes nothing.
+        for (path, value) in [
+            (
+                "/metadata/finalizers",
+                json!([PROVISIONER_FINALIZER, "x/y"]),
+            ),
+            ("/metadata/uid", json!("uid-new")),
+        ] {
+            let mut doc = serde_json::to_value(&p).unwrap();
+            *doc.pointer_mut(path).unwrap() = value;
+            let before = doc.clone();
+            assert!(json_patch::patch(&mut doc, &patch).is_err(), "{path}");
+            assert_eq!(doc, before, "{path}");
+        }
     }
 
     #[test]

@@ -10,7 +10,7 @@ use kube::runtime::watcher;
 use serde_json::{json, Value};
 
 use super::lease::Elector;
-use super::nodeloss::ANN_DELETE_ON_NODE_LOSS;
+use super::nodeloss::{ANN_DELETE_ON_NODE_LOSS, PROVISIONER_FINALIZER};
 use super::{NodeLoss, PassReport};
 use crate::ids::TOPOLOGY_KEY;
 use crate::k8s::fake::{Fake, PVS};
@@ -78,6 +78,14 @@ fn pv(name: &str, driver: &str, node: &str, claim: &str) -> Value {
         },
         "status": {"phase": "Bound"},
     })
+}
+
+/// `pv` as external-provisioner v5 leaves a Delete-policy PV it provisioned.
+fn pv_with_finalizer(name: &str, driver: &str, node: &str, claim: &str) -> Value {
+    let mut v = pv(name, driver, node, claim);
+    v["metadata"]["finalizers"] = json!([PROVISIONER_FINALIZER]);
+    v["spec"]["persistentVolumeReclaimPolicy"] = json!("Delete");
+    v
 }
 
 fn pvc(name: &str, volume: &str, sc: &str, opted_in: bool) -> Value {
@@ -244,6 +252,153 @@ async fn scenario_storage_class_opt_in_and_returning_nodes() {
     assert_eq!(r.deleted_pvs, ["pv-a"]);
     assert_eq!(r.deleted_pvcs, ["app/claim-a"]);
     assert!(!s.has(&format!("{PVCS}/claim-a")));
+}
+
+/// Stores `pvs` in the fake and runs one pass at the end of the grace period
+/// with only `nodes` existing (`none` when all their nodes are gone).
+async fn pass_after_grace(s: &Scenario, nodes: Vec<Node>, pvs: &[Value]) -> PassReport {
+    for p in pvs {
+        s.put_pv(p.clone());
+    }
+    let nl = NodeLoss::new(s.client.clone(), DRIVER, "ctrl-0", GRACE);
+    let (nodes, pvs) = (store(nodes), store(pvs_of(pvs)));
+    let t0 = Instant::now();
+    for t in [t0, t0 + GRACE] {
+        let r = tokio::time::timeout(TIMEOUT, nl.pass(t, &nodes, &pvs))
+            .await
+            .expect("pass timed out")
+            .unwrap();
+        if t == t0 {
+            assert_eq!(r, PassReport::default());
+        } else {
+            return r;
+        }
+    }
+    unreachable!()
+}
+
+/// The PV's finalizers in the fake, and whether it is marked for deletion.
+fn finalizers_of(s: &Scenario, name: &str) -> (Value, bool) {
+    let api = s.api.lock().unwrap();
+    let pv = api.pv(name).unwrap_or_else(|| panic!("{name} is gone"));
+    (
+        pv["metadata"]["finalizers"].clone(),
+        !pv["metadata"]["deletionTimestamp"].is_null(),
+    )
+}
+
+#[tokio::test]
+async fn scenario_lost_node_pv_with_provisioner_finalizer_is_deleted() {
+    let s = Scenario::new("a lost node's PV with the provisioner finalizer really goes");
+    let lost = pv_with_finalizer("pv-a", DRIVER, "gone", "claim-a");
+    let r = pass_after_grace(&s, vec![], std::slice::from_ref(&lost)).await;
+    // The DELETE alone leaves it Terminating; taking the finalizer off ends it.
+    assert!(
+        !s.has(&format!("{PVS}/pv-a")),
+        "pv-a is still there: {:?}",
+        finalizers_of(&s, "pv-a")
+    );
+    assert_eq!(r.deleted_pvs, ["pv-a"]);
+    assert_eq!(r.released_finalizers, ["pv-a"]);
+    assert_eq!(
+        s.log(),
+        [
+            format!("GET {PVCS}/claim-a"),
+            "EVENT NodeLost".into(),
+            format!("DELETE {PVS}/pv-a"),
+            format!("PATCH {PVS}/pv-a"),
+            "LIST /apis/storage.k8s.io/v1/csistoragecapacities".into(),
+        ]
+    );
+
+    // A later pass still sees it in its (stale) cache: a 404, no error.
+    let nl = NodeLoss::new(s.client.clone(), DRIVER, "ctrl-0", Duration::ZERO);
+    let r = tokio::time::timeout(
+        TIMEOUT,
+        nl.pass(Instant::now(), &store(vec![]), &store(pvs_of(&[lost]))),
+    )
+    .await
+    .unwrap()
+    .unwrap();
+    assert_eq!(r.released_finalizers, Vec::<String>::new());
+    assert!(!s.log().iter().any(|l| l.starts_with("PATCH")));
+}
+
+#[tokio::test]
+async fn scenario_finalizer_moved_before_the_patch_is_retried_next_pass() {
+    let s = Scenario::new("the finalizer list changed under the patch: 422, then the next pass");
+    // Someone adds a finalizer in front of ours between our DELETE and PATCH.
+    s.api.lock().unwrap().before_next_patch = Some(Box::new(|pv: &mut Value| {
+        pv["metadata"]["finalizers"] = json!(["example.com/hold", PROVISIONER_FINALIZER]);
+    }));
+    let lost = pv_with_finalizer("pv-a", DRIVER, "gone", "claim-a");
+    let r = pass_after_grace(&s, vec![], std::slice::from_ref(&lost)).await;
+    // The test op failed: nothing removed, no error, the PV as the writer left it.
+    assert_eq!(r.deleted_pvs, ["pv-a"]);
+    assert_eq!(r.released_finalizers, Vec::<String>::new());
+    assert_eq!(
+        finalizers_of(&s, "pv-a"),
+        (json!(["example.com/hold", PROVISIONER_FINALIZER]), true)
+    );
+    // The next pass (its cache still has the PV as first read) deletes again
+    // and patches what that DELETE returned: only our finalizer goes.
+    let nl = NodeLoss::new(s.client.clone(), DRIVER, "ctrl-0", Duration::ZERO);
+    let r = tokio::time::timeout(
+        TIMEOUT,
+        nl.pass(Instant::now(), &store(vec![]), &store(pvs_of(&[lost]))),
+    )
+    .await
+    .unwrap()
+    .unwrap();
+    assert_eq!(r.released_finalizers, ["pv-a"]);
+    assert_eq!(
+        finalizers_of(&s, "pv-a"),
+        (json!(["example.com/hold"]), true)
+    );
+}
+
+#[tokio::test]
+async fn scenario_live_node_pv_keeps_provisioner_finalizer() {
+    let s = Scenario::new("a PV of a node that exists (NotReady) keeps its finalizer");
+    let r = pass_after_grace(
+        &s,
+        vec![node("notready", false)],
+        &[
+            pv_with_finalizer("pv-lost", DRIVER, "gone", "claim-a"),
+            pv_with_finalizer("pv-live", DRIVER, "notready", "claim-b"),
+        ],
+    )
+    .await;
+    // The lost node's PV went (the pass did act) ...
+    assert_eq!(r.released_finalizers, ["pv-lost"]);
+    assert!(!s.has(&format!("{PVS}/pv-lost")));
+    // ... and the live node's PV was not touched.
+    assert_eq!(
+        finalizers_of(&s, "pv-live"),
+        (json!([PROVISIONER_FINALIZER]), false)
+    );
+    assert!(!s.log().iter().any(|l| l.ends_with("/pv-live")));
+}
+
+#[tokio::test]
+async fn scenario_other_drivers_pv_on_lost_node_keeps_provisioner_finalizer() {
+    let s = Scenario::new("another driver's PV on the lost node keeps its finalizer");
+    let r = pass_after_grace(
+        &s,
+        vec![],
+        &[
+            pv_with_finalizer("pv-ours", DRIVER, "gone", "claim-a"),
+            pv_with_finalizer("pv-theirs", "other.csi.dev", "gone", "claim-b"),
+        ],
+    )
+    .await;
+    assert_eq!(r.released_finalizers, ["pv-ours"]);
+    assert!(!s.has(&format!("{PVS}/pv-ours")));
+    assert_eq!(
+        finalizers_of(&s, "pv-theirs"),
+        (json!([PROVISIONER_FINALIZER]), false)
+    );
+    assert!(!s.log().iter().any(|l| l.ends_with("/pv-theirs")));
 }
 
 #[tokio::test]
