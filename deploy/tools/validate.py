@@ -221,6 +221,7 @@ class Report:
         self.passed = 0
         self.failed = 0
         self.missing_driver_flags = {}   # flag -> set of renders
+        self.block_only = set()          # renders: Block discovery, no LVM pool
 
     def check(self, ok, what, detail=""):
         if ok:
@@ -526,6 +527,16 @@ def check_discovery(render, cfg, fields, pod, localvol):
     R.check(not problems, f"{render}: discovery config matches src/config/discovery.rs and its "
             f"hostDirs are mounted at the same path with propagation ({len(classes)} classes)",
             "; ".join(problems))
+    block = sorted(str(c.get("storageClass")) for c in classes
+                   if isinstance(c, dict) and c.get("volumeMode") == "Block")
+    if block and localvol:
+        # A Block class's entries are device nodes or links into the host's
+        # /dev (/dev/disk/by-id/...): the container's own /dev has neither the
+        # links nor disks added after it started.
+        dev = [v["hostPath"].get("path") for m, v in mounts
+               if m["mountPath"].rstrip("/") == "/dev" and v and "hostPath" in v]
+        R.check(dev == ["/dev"], f"{render}: Block discovery classes ({', '.join(block)}) "
+                "get the host's /dev at /dev", f"/dev mounts from host paths {dev}")
     return {n for n in names if n}
 
 
@@ -880,6 +891,10 @@ def check_render(render, path, help_info, fields, shipped, chelp=None):
     sidecars = check_sidecars(render, ds, localvol, socket_vol, kdir)
     pod = ds["spec"]["template"]["spec"]
     static = check_discovery(render, cfg, fields, pod, localvol) if localvol else set()
+    classes = ((cfg.get("discovery") or {}).get("classes") or []) if isinstance(cfg, dict) else []
+    if any(isinstance(c, dict) and c.get("volumeMode") == "Block" for c in classes) \
+            and not any(p.get("type") == "lvm" for p in (pools or {}).values()):
+        R.block_only.add(render)
     api_user = isinstance(cfg, dict) and (cfg.get("discovery") is not None or cfg.get("orphans") is not None)
     controller = check_controller(render, docs, chelp)
     R.check(controller is not None or not shipped, f"{render}: the controller Deployment is deployed")
@@ -1076,6 +1091,11 @@ def main():
     for pair in a.parity:
         kname, hname = pair.split("=")
         check_parity(kname, docs[kname], hname, docs[hname])
+    R.section("coverage")
+    # The /dev mount of Block discovery must be checked where no LVM pool
+    # brings /dev in anyway.
+    R.check(bool(R.block_only), "a render has Block discovery classes and no LVM pool "
+            f"({', '.join(sorted(R.block_only))})", "none: add one (e.g. helm ci/discovery-block-values.yaml)")
 
     if R.missing_driver_flags:
         print("\nlocalvol serve does not accept these flags the manifests use (add them to the driver):")

@@ -43,6 +43,13 @@ app.kubernetes.io/component: node
 {{- $lvm -}}
 {{- end }}
 
+{{/* "true" when a discovery class is of volumeMode Block. */}}
+{{- define "localvol.hasBlockDiscovery" -}}
+{{- $block := false -}}
+{{- range .Values.discovery.classes }}{{ if eq .volumeMode "Block" }}{{ $block = true }}{{ end }}{{ end -}}
+{{- $block -}}
+{{- end }}
+
 {{/* Dir pools whose path is not below dataDir.path: they get their own mount. */}}
 {{- define "localvol.extraPoolMounts" -}}
 {{- $data := printf "%s/" (trimSuffix "/" .Values.dataDir.path) -}}
