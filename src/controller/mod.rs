@@ -97,7 +97,7 @@ impl NodeLoss {
         let all_pvs = pvs.state();
         let pinned: BTreeSet<String> = all_pvs
             .iter()
-            .filter_map(|p| nodeloss::pinned_node(p, &self.driver).map(str::to_owned))
+            .filter_map(|p| crate::k8s::pinned_node(p, &self.driver).map(str::to_owned))
             .collect();
         let lost = self
             .missing
@@ -119,7 +119,7 @@ impl NodeLoss {
         report: &mut PassReport,
     ) -> Result<(), ControllerError> {
         let name = pv.metadata.name.clone().unwrap_or_default();
-        let node = nodeloss::pinned_node(pv, &self.driver).unwrap_or_default();
+        let node = crate::k8s::pinned_node(pv, &self.driver).unwrap_or_default();
         let claim = pv.spec.as_ref().and_then(|s| s.claim_ref.as_ref());
         if let Some(c) = claim {
             if let (Some(ns), Some(cn)) = (&c.namespace, &c.name) {

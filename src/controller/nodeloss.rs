@@ -16,7 +16,7 @@ use json_patch::{Patch, PatchOperation, RemoveOperation, TestOperation};
 use k8s_openapi::api::core::v1::PersistentVolume;
 use serde_json::Value;
 
-use crate::ids::TOPOLOGY_KEY;
+use crate::k8s::pinned_node;
 
 /// Opt-in annotation on a PVC (or its StorageClass): delete the claim too
 /// when its node is lost, so a StatefulSet pod can be rescheduled elsewhere.
@@ -55,34 +55,6 @@ pub fn finalizer_removal(pv: &PersistentVolume) -> Option<Patch> {
     }));
     ops.push(PatchOperation::Remove(RemoveOperation { path: at }));
     Some(Patch(ops))
-}
-
-/// The node a PV of `driver` is pinned to by its node affinity on the
-/// topology key (`In` exactly one node); None for anything else.
-pub fn pinned_node<'a>(pv: &'a PersistentVolume, driver: &str) -> Option<&'a str> {
-    let spec = pv.spec.as_ref()?;
-    if spec.csi.as_ref()?.driver != driver {
-        return None;
-    }
-    let terms = &spec
-        .node_affinity
-        .as_ref()?
-        .required
-        .as_ref()?
-        .node_selector_terms;
-    let [term] = terms.as_slice() else {
-        return None;
-    };
-    let exprs = term.match_expressions.as_ref()?;
-    let mut nodes = exprs.iter().filter(|e| e.key == TOPOLOGY_KEY);
-    let e = nodes.next()?;
-    if nodes.next().is_some() || e.operator != "In" {
-        return None;
-    }
-    match e.values.as_deref()? {
-        [n] => Some(n.as_str()),
-        _ => None,
-    }
 }
 
 /// Tracks how long nodes have been missing.
@@ -141,7 +113,7 @@ pub fn opted_in(annotations: Option<&BTreeMap<String, String>>) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use k8s_openapi::api::core::v1::NodeSelectorRequirement;
+    use crate::ids::TOPOLOGY_KEY;
     use serde_json::json;
     use std::sync::Arc;
 
@@ -161,25 +133,6 @@ mod tests {
 
     fn set(v: &[&str]) -> BTreeSet<String> {
         v.iter().map(|s| s.to_string()).collect()
-    }
-
-    #[test]
-    fn pinned_node_needs_our_driver_and_one_node() {
-        let d = "localvol.csi.dev";
-        assert_eq!(pinned_node(&pv("a", d, "n1"), d), Some("n1"));
-        assert_eq!(pinned_node(&pv("a", "other.csi.dev", "n1"), d), None);
-        // The PV's one node-affinity expression, changed in place.
-        let with_expr = |change: fn(&mut NodeSelectorRequirement)| {
-            let mut p = pv("a", d, "n1");
-            let affinity = p.spec.as_mut().unwrap().node_affinity.as_mut().unwrap();
-            let term = &mut affinity.required.as_mut().unwrap().node_selector_terms[0];
-            change(&mut term.match_expressions.as_mut().unwrap()[0]);
-            p
-        };
-        let two = with_expr(|e| e.values = Some(vec!["n1".into(), "n2".into()]));
-        assert_eq!(pinned_node(&two, d), None);
-        let notin = with_expr(|e| e.operator = "NotIn".into());
-        assert_eq!(pinned_node(&notin, d), None);
     }
 
     #[test]

@@ -4,8 +4,8 @@
 //! request, so a scenario asserts on exactly what was called.
 //!
 //! What it does: lists (`LIST <path>`, with ` ?<labelSelector>` when the
-//! query has one) of a cluster-scoped collection, or of all namespaces'
-//! CSIStorageCapacities; watches that end at once (the watcher re-watches
+//! query has one) of a cluster-scoped collection, or of one or all
+//! namespaces' CSIStorageCapacities; watches that end at once (the watcher re-watches
 //! with its backoff; not logged); GET, POST (uid and resourceVersion set; a
 //! new PV gets phase Pending), PUT (resourceVersion must match), DELETE (a uid
 //! precondition must match) and JSON-patch PATCH (RFC 6902, `test` included;
@@ -148,6 +148,12 @@ fn selector_of(query: &str) -> Option<String> {
 fn list(api: &FakeApi, path: &str) -> Option<Vec<Value>> {
     let prefix = match path {
         "/api/v1/nodes" | PVS => format!("{path}/"),
+        // One namespace's capacities.
+        p if p.starts_with("/apis/storage.k8s.io/v1/namespaces/")
+            && p.ends_with("/csistoragecapacities") =>
+        {
+            format!("{path}/")
+        }
         // All namespaces' capacities.
         "/apis/storage.k8s.io/v1/csistoragecapacities" => {
             return Some(

@@ -4,6 +4,7 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
+use tokio::sync::OnceCell;
 use tonic::{Request, Response, Status};
 
 use super::{bytes, decode_capabilities, decode_params, rpc, to_i64, Capability, Driver, Result};
@@ -11,13 +12,17 @@ use crate::csi;
 use crate::csi::controller_service_capability::{rpc::Type as RpcType, Rpc, Type as CapType};
 
 use crate::ids::{truncate, ParsedId, PoolName, VolumeId, VolumeName};
+use crate::k8s::room::{Room, Verdict};
 use crate::pool::{
     AccessType, CapacityRange, ContentSource, CreateRequest, Pool, Snapshot, SnapshotRequest,
     Volume,
 };
+use crate::size::human;
 
 pub struct ControllerService {
     driver: Arc<Driver>,
+    /// What the cluster knows of other nodes' free space (expansion).
+    room: OnceCell<Option<Room>>,
 }
 
 impl ControllerService {
@@ -81,7 +86,86 @@ impl ControllerService {
     }
 
     pub fn new(driver: Arc<Driver>) -> Self {
-        Self { driver }
+        Self {
+            driver,
+            room: OnceCell::new(),
+        }
+    }
+
+    /// A service that asks `client` (a test's fake API server) about other
+    /// nodes' free space.
+    #[cfg(test)]
+    pub fn with_cluster(driver: Arc<Driver>, client: kube::Client) -> Self {
+        let room = Room::new(client, &driver.name);
+        Self {
+            driver,
+            room: OnceCell::new_with(Some(Some(room))),
+        }
+    }
+
+    /// The cluster's view of free space; None outside a cluster (looked up
+    /// once: the in-cluster config does not come and go).
+    async fn room(&self) -> Option<&Room> {
+        self.room
+            .get_or_init(|| async {
+                match crate::k8s::in_cluster_client().await {
+                    Ok(client) => Some(Room::new(client, &self.driver.name)),
+                    Err(e) => {
+                        tracing::info!(error = %e, "no cluster: expansion of volumes on other nodes is checked by their node only");
+                        None
+                    }
+                }
+            })
+            .await
+            .as_ref()
+    }
+
+    /// ControllerExpandVolume of a volume this node does not hold. Volumes
+    /// live on their node, and the resizer calls the driver on its own node;
+    /// an id in our format may name a volume on another node, which applies
+    /// the size in NodeExpandVolume. Before the PV grows, the cluster's
+    /// CSIStorageCapacity for that node and class must have room for the
+    /// growth (`k8s::room`). Anything not in our format is not ours.
+    async fn expand_elsewhere(
+        &self,
+        volume_id: &str,
+        range: CapacityRange,
+    ) -> Result<csi::ControllerExpandVolumeResponse> {
+        if !matches!(
+            VolumeId::parse("volume_id", volume_id)?,
+            ParsedId::Volume(_)
+        ) {
+            return Err(Status::not_found(format!(
+                "volume {:?} is not a localvol volume",
+                truncate(volume_id)
+            )));
+        }
+        let size = if range.required > 0 {
+            range.required
+        } else {
+            range.limit
+        };
+        match self.room().await {
+            None => {}
+            Some(room) => match room.check(volume_id, size).await? {
+                Verdict::NoGrowth => {}
+                Verdict::Fits {
+                    placement,
+                    available,
+                } => tracing::info!(
+                    volume = %volume_id, node = %placement.node, growth = size - placement.size_bytes,
+                    available, "the owning node has room; it applies the size in NodeExpandVolume"
+                ),
+                Verdict::Unknown(why) => tracing::warn!(
+                    volume = %volume_id, %why,
+                    "cannot check the owning node's room; it checks in NodeExpandVolume"
+                ),
+            },
+        }
+        Ok(csi::ControllerExpandVolumeResponse {
+            capacity_bytes: to_i64(size),
+            node_expansion_required: true,
+        })
     }
 
     fn to_csi(&self, v: &Volume) -> csi::Volume {
@@ -665,45 +749,33 @@ impl csi::controller_server::Controller for ControllerService {
                 return Err(Status::invalid_argument("capacity_range is required"));
             }
             let Some((id, pool, vol)) = self.driver.find("volume_id", &req.volume_id).await? else {
-                // Volumes live on their node, and the resizer calls the driver
-                // on its own node. An id in our format may name a volume on
-                // another node: NodeExpandVolume applies the size there (and
-                // refuses it if that node lacks room). Anything else is not ours.
-                if !matches!(
-                    VolumeId::parse("volume_id", &req.volume_id)?,
-                    ParsedId::Volume(_)
-                ) {
-                    return Err(Status::not_found(format!(
-                        "volume {:?} is not a localvol volume",
-                        truncate(&req.volume_id)
-                    )));
-                }
-                tracing::info!(
-                    volume = %req.volume_id,
-                    "volume is not on this node; its node applies the size in NodeExpandVolume"
-                );
-                let size = if range.required > 0 {
-                    range.required
-                } else {
-                    range.limit
-                };
-                return Ok(csi::ControllerExpandVolumeResponse {
-                    capacity_bytes: to_i64(size),
-                    node_expansion_required: true,
-                });
+                return self.expand_elsewhere(&req.volume_id, range).await;
             };
             let _guard = self.driver.lock_volume(&id)?;
             let r = if pool.expands_on_node() {
                 // The node that holds the device extends it in NodeExpandVolume;
-                // here only the request is checked.
+                // here the request is checked against the pool's free space,
+                // so the PV never grows beyond what NodeExpandVolume can do.
+                let size = range.required.max(vol.size_bytes);
                 if range.required < vol.size_bytes && !range.admits(vol.size_bytes) {
                     return Err(Status::out_of_range(format!(
                         "volume {id} is {} bytes; shrinking is not supported",
                         vol.size_bytes
                     )));
                 }
+                let growth = size - vol.size_bytes;
+                let available = pool.capacity().await?.available_bytes;
+                if growth > available {
+                    return Err(Status::out_of_range(format!(
+                        "volume {id} needs {} more, but pool {} has {} free; ask for at most {}",
+                        human(growth),
+                        pool.name(),
+                        human(available),
+                        human(vol.size_bytes + available)
+                    )));
+                }
                 crate::pool::Expanded {
-                    size_bytes: range.required.max(vol.size_bytes),
+                    size_bytes: size,
                     node_expansion_required: true,
                 }
             } else {
@@ -739,5 +811,139 @@ impl csi::controller_server::Controller for ControllerService {
             ))
         })
         .await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::Config;
+    use crate::csi::controller_server::Controller;
+    use crate::driver::Identity;
+    use crate::ids::TOPOLOGY_KEY;
+    use crate::k8s::fake::Fake;
+    use serde_json::json;
+    use tonic::Code;
+
+    const GI: i64 = 1 << 30;
+    const CAPS: &str = "/apis/storage.k8s.io/v1/namespaces/default/csistoragecapacities";
+
+    /// A service on node n0 (one dir pool in `dir`) whose cluster holds
+    /// volume `id` (1Gi, class "fast") on node n1, which has published
+    /// `free` for that class.
+    async fn on_n0(dir: &std::path::Path, fake: &Fake, id: &str, free: &str) -> ControllerService {
+        let who = Identity {
+            driver_name: "localvol.csi.dev".into(),
+            node_id: "n0".into(),
+            kubelet_dir: dir.join("kubelet"),
+        };
+        let driver = Driver::open(&who, &Config::embedded(dir)).await.unwrap();
+        fake.put_pv(json!({
+            "apiVersion": "v1", "kind": "PersistentVolume",
+            "metadata": {"name": "pv-1"},
+            "spec": {
+                "capacity": {"storage": "1Gi"},
+                "storageClassName": "fast",
+                "csi": {"driver": "localvol.csi.dev", "volumeHandle": id},
+                "nodeAffinity": {"required": {"nodeSelectorTerms": [{"matchExpressions": [
+                    {"key": TOPOLOGY_KEY, "operator": "In", "values": ["n1"]}
+                ]}]}},
+            }
+        }));
+        fake.put(
+            &format!("{CAPS}/cap-n1-fast"),
+            json!({
+                "apiVersion": "storage.k8s.io/v1", "kind": "CSIStorageCapacity",
+                "metadata": {"name": "cap-n1-fast", "namespace": "default"},
+                "storageClassName": "fast",
+                "nodeTopology": {"matchLabels": {TOPOLOGY_KEY: "n1"}},
+                "capacity": free,
+            }),
+        );
+        ControllerService::with_cluster(driver, fake.client.clone())
+    }
+
+    fn expand(id: &str, required: i64) -> Request<csi::ControllerExpandVolumeRequest> {
+        Request::new(csi::ControllerExpandVolumeRequest {
+            volume_id: id.into(),
+            capacity_range: Some(csi::CapacityRange {
+                required_bytes: required,
+                limit_bytes: 0,
+            }),
+            ..Default::default()
+        })
+    }
+
+    #[tokio::test]
+    async fn expansion_on_another_node_must_fit_its_published_capacity() {
+        let dir = tempfile::tempdir().unwrap();
+        let fake = Fake::start();
+        let name = VolumeName::parse("pvc-1").unwrap();
+        let id = VolumeId::new(PoolName::parse("thick").unwrap(), &name).to_string();
+        let svc = on_n0(dir.path(), &fake, &id, "512Mi").await;
+
+        // Growth beyond n1's 512Mi: refused before the PV can grow.
+        let e = svc
+            .controller_expand_volume(expand(&id, 2 * GI))
+            .await
+            .unwrap_err();
+        assert_eq!(e.code(), Code::OutOfRange, "{e:?}");
+        for part in ["node n1", "1Gi more", "512Mi free", "at most 1.5Gi"] {
+            assert!(
+                e.message().contains(part),
+                "{part:?} missing: {}",
+                e.message()
+            );
+        }
+        // Growth within it: accepted, for n1 to apply.
+        let r = svc
+            .controller_expand_volume(expand(&id, GI + GI / 2))
+            .await
+            .unwrap()
+            .into_inner();
+        assert_eq!(r.capacity_bytes, GI + GI / 2);
+        assert!(r.node_expansion_required);
+        // Only reads: nothing in the cluster was written.
+        let log = fake.log();
+        assert!(log.iter().all(|l| l.starts_with("LIST ")), "{log:?}");
+        assert_eq!(log.len(), 4, "{log:?}");
+    }
+
+    #[tokio::test]
+    async fn expansion_the_cluster_cannot_check_is_left_to_the_node() {
+        let dir = tempfile::tempdir().unwrap();
+        let fake = Fake::start();
+        let name = VolumeName::parse("pvc-2").unwrap();
+        let id = VolumeId::new(PoolName::parse("thick").unwrap(), &name).to_string();
+        // The cluster's PV names another volume: no capacity to check against.
+        let svc = on_n0(dir.path(), &fake, "thick.other", "0").await;
+        let r = svc
+            .controller_expand_volume(expand(&id, 2 * GI))
+            .await
+            .unwrap()
+            .into_inner();
+        assert_eq!(r.capacity_bytes, 2 * GI);
+        assert!(r.node_expansion_required);
+        // An id not in our format is no volume of ours, cluster or not.
+        let e = svc
+            .controller_expand_volume(expand("not-ours", GI))
+            .await
+            .unwrap_err();
+        assert_eq!(e.code(), Code::NotFound, "{e:?}");
+    }
+
+    #[tokio::test]
+    async fn an_api_server_that_fails_makes_the_resizer_retry() {
+        let dir = tempfile::tempdir().unwrap();
+        let fake = Fake::start();
+        let name = VolumeName::parse("pvc-3").unwrap();
+        let id = VolumeId::new(PoolName::parse("thick").unwrap(), &name).to_string();
+        let svc = on_n0(dir.path(), &fake, &id, "512Mi").await;
+        drop(fake); // the server task stops: every request fails
+        let e = svc
+            .controller_expand_volume(expand(&id, 2 * GI))
+            .await
+            .unwrap_err();
+        assert_eq!(e.code(), Code::Unavailable, "{e:?}");
     }
 }

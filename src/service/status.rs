@@ -14,6 +14,7 @@ use crate::driver::DriverError;
 use crate::error::IoError;
 use crate::fsutil::{FsError, PathError};
 use crate::ids::InvalidName;
+use crate::k8s::room::RoomError;
 use crate::locks::Busy;
 use crate::lvm::LvmError;
 use crate::mount::MountError;
@@ -167,6 +168,16 @@ pub fn driver_code(e: &DriverError) -> Code {
     }
 }
 
+/// Growth that does not fit is OUT_OF_RANGE, which external-resizer and
+/// kubelet treat as infeasible (the user may lower the request); an API
+/// server that did not answer is UNAVAILABLE, retried.
+pub fn room_code(e: &RoomError) -> Code {
+    match e {
+        RoomError::NoRoom { .. } => Code::OutOfRange,
+        RoomError::Api { .. } => Code::Unavailable,
+    }
+}
+
 /// Implements `From<$t> for Status` through a code function.
 macro_rules! to_status {
     ($($t:ty => $code:expr;)*) => {$(
@@ -191,6 +202,7 @@ to_status! {
     PoolError => pool_code;
     StaticError => static_code;
     DriverError => driver_code;
+    RoomError => room_code;
     UnknownFs => |_: &UnknownFs| Code::InvalidArgument;
     InvalidName => |_: &InvalidName| Code::InvalidArgument;
     Busy => |_: &Busy| Code::Aborted;
