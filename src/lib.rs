@@ -4,7 +4,7 @@
 
 mod authority;
 pub mod blockdev;
-mod command;
+pub mod command;
 pub mod config;
 pub mod controller;
 pub mod discovery;
