@@ -26,7 +26,7 @@
 //! durable rename leaves a record without data, which a retried delete
 //! finishes, as before.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::fs;
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
@@ -79,7 +79,7 @@ pub struct DirPool {
 
 #[derive(Default)]
 struct State {
-    volumes: HashMap<VolumeKey, Volume>,
+    volumes: Index,
     /// Space (and a project id) promised to creates and expansions that are
     /// still writing.
     reserved: HashMap<VolumeKey, (u64, Option<u32>)>,
@@ -89,15 +89,90 @@ struct State {
     spares: Vec<PathBuf>,
 }
 
+/// The records, as loaded at start and changed only after a record write
+/// succeeded (under the volume's lock): by key, so in id order, which is what
+/// ListVolumes pages through; with the figures a create needs (space
+/// promised, project ids taken) kept as volumes come and go instead of
+/// summed over every volume on each request.
+#[derive(Default)]
+struct Index {
+    by_key: BTreeMap<VolumeKey, Volume>,
+    allocated: u64,
+    /// How many records name each project id.
+    projects: HashMap<u32, u32>,
+}
+
+impl Index {
+    fn from_records(records: impl IntoIterator<Item = (VolumeKey, Volume)>) -> Index {
+        let mut ix = Index::default();
+        for (k, v) in records {
+            ix.insert(k, v);
+        }
+        ix
+    }
+
+    fn get(&self, key: &VolumeKey) -> Option<&Volume> {
+        self.by_key.get(key)
+    }
+
+    fn values(&self) -> impl Iterator<Item = &Volume> {
+        self.by_key.values()
+    }
+
+    fn insert(&mut self, key: VolumeKey, vol: Volume) {
+        self.account(&vol, true);
+        if let Some(old) = self.by_key.insert(key, vol) {
+            self.account(&old, false);
+        }
+    }
+
+    fn remove(&mut self, key: &VolumeKey) -> Option<Volume> {
+        let old = self.by_key.remove(key)?;
+        self.account(&old, false);
+        Some(old)
+    }
+
+    fn account(&mut self, v: &Volume, add: bool) {
+        if add {
+            self.allocated = self.allocated.saturating_add(v.size_bytes);
+        } else {
+            self.allocated = self.allocated.saturating_sub(v.size_bytes);
+        }
+        if let Some(p) = v.project_id {
+            let n = self.projects.entry(p).or_default();
+            *n = if add { *n + 1 } else { n.saturating_sub(1) };
+            if *n == 0 {
+                self.projects.remove(&p);
+            }
+        }
+    }
+
+    /// Volumes whose id (`<pool>.<key>`, so key order) is `from` or after it,
+    /// in id order, at most `max`.
+    fn page(&self, pool: &PoolName, from: &str, max: usize) -> Vec<Volume> {
+        use std::ops::Bound;
+        let prefix = format!("{pool}.");
+        let range = if from <= prefix.as_str() {
+            self.by_key.range::<str, _>(..)
+        } else if let Some(key) = from.strip_prefix(prefix.as_str()) {
+            self.by_key
+                .range::<str, _>((Bound::Included(key), Bound::Unbounded))
+        } else {
+            // After `<pool>.` and not starting with it: after every id here.
+            return Vec::new();
+        };
+        range.take(max).map(|(_, v)| v.clone()).collect()
+    }
+}
+
 impl State {
     fn allocated(&self) -> u64 {
-        self.volumes.values().map(|v| v.size_bytes).sum::<u64>()
-            + self.reserved.values().map(|r| r.0).sum::<u64>()
+        self.volumes.allocated + self.reserved.values().map(|r| r.0).sum::<u64>()
     }
 
     fn project_in_use(&self, id: u32) -> bool {
         self.foreign_projects.contains(&id)
-            || self.volumes.values().any(|v| v.project_id == Some(id))
+            || self.volumes.projects.contains_key(&id)
             || self.reserved.values().any(|r| r.1 == Some(id))
     }
 
@@ -183,7 +258,7 @@ impl DirPool {
             quotas,
             unenforced_reason,
             state: Arc::new(Mutex::new(State {
-                volumes,
+                volumes: Index::from_records(volumes),
                 ..State::default()
             })),
             spare_dir,
@@ -308,7 +383,7 @@ impl DirPool {
 fn apply_recorded_limits(
     pool: &PoolName,
     q: &Quotas,
-    volumes: &HashMap<VolumeKey, Volume>,
+    volumes: &BTreeMap<VolumeKey, Volume>,
 ) -> Result<()> {
     for v in volumes.values() {
         match v.project_id {
@@ -398,8 +473,8 @@ fn is_retired_record(name: &str) -> bool {
 }
 
 /// Reads every record; removes temp files left by interrupted writes.
-fn load_records(pool: &PoolName, dir: &Path) -> Result<HashMap<VolumeKey, Volume>> {
-    let mut out = HashMap::new();
+fn load_records(pool: &PoolName, dir: &Path) -> Result<BTreeMap<VolumeKey, Volume>> {
+    let mut out = BTreeMap::new();
     for entry in fs::read_dir(dir).ctx(|| format!("reading {dir:?}"))? {
         let entry = entry.ctx(|| format!("reading {dir:?}"))?;
         let fname = entry.file_name();
@@ -686,6 +761,10 @@ impl Pool for DirPool {
         Ok(self.state().volumes.values().cloned().collect())
     }
 
+    async fn list_page(&self, from: &str, max: usize) -> Result<Vec<Volume>> {
+        Ok(self.state().volumes.page(&self.name, from, max))
+    }
+
     async fn capacity(&self) -> Result<Capacity> {
         let space = self.space().await?;
         let (_, free) = self.limits(&space, self.state().allocated());
@@ -806,6 +885,55 @@ mod tests {
         // Nothing was left behind by the refused creates.
         assert_eq!(pool.list().await.unwrap().len(), 1);
         assert_eq!(fs::read_dir(d.path().join("volumes")).unwrap().count(), 2);
+    }
+
+    /// A page starts at its token (an id, or any string between ids) and
+    /// follows id order; tokens of pools whose ids sort before or after this
+    /// pool's give everything or nothing.
+    #[tokio::test]
+    async fn pages_follow_id_order_from_any_token() {
+        let d = tempfile::tempdir().unwrap();
+        let pool = DirPool::open(cfg(d.path(), QuotaMode::Off)).await.unwrap();
+        for i in 0..20 {
+            pool.create(&req(&format!("v{i}"), 4096)).await.unwrap();
+        }
+        let mut ids: Vec<String> = pool
+            .list()
+            .await
+            .unwrap()
+            .into_iter()
+            .map(|v| v.id)
+            .collect();
+        ids.sort();
+        let page = |from: String, max: usize| {
+            let pool = &pool;
+            async move {
+                let got: Vec<String> = pool
+                    .list_page(&from, max)
+                    .await
+                    .unwrap()
+                    .into_iter()
+                    .map(|v| v.id)
+                    .collect();
+                got
+            }
+        };
+        assert_eq!(page(String::new(), 100).await, ids);
+        assert_eq!(page(String::new(), 5).await, ids[..5]);
+        for (i, id) in ids.iter().enumerate() {
+            assert_eq!(page(id.clone(), 3).await, ids[i..(i + 3).min(ids.len())]);
+        }
+        assert_eq!(page(format!("{}0", ids[4]), 2).await, ids[5..7]);
+        for before in ["a.zzz", "o", "p-x.0", "p."] {
+            assert_eq!(page(before.into(), 100).await, ids, "{before}");
+        }
+        for after in ["p/", "q", "p.g"] {
+            assert!(page(after.into(), 100).await.is_empty(), "{after}");
+        }
+        // The index keeps the allocation as volumes come and go.
+        assert_eq!(pool.state().volumes.allocated, 20 * 4096);
+        pool.delete(&req("v3", 4096).id).await.unwrap();
+        assert_eq!(pool.state().volumes.allocated, 19 * 4096);
     }
 
     #[tokio::test]
