@@ -116,14 +116,6 @@ impl VolumeKey {
     }
 }
 
-/// Lets an ordered map of keys be searched from any string (a list's
-/// starting token): a key orders exactly as its text.
-impl std::borrow::Borrow<str> for VolumeKey {
-    fn borrow(&self) -> &str {
-        &self.0
-    }
-}
-
 impl fmt::Display for VolumeKey {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(&self.0)
