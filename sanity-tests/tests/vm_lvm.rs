@@ -5,8 +5,9 @@
 //! qemu guest (vm/README.md) with `--ignored --test-threads=1`. Each test makes
 //! its own volume group on a loop device over a sparse file on the guest's
 //! tmpfs ([`LoopVg`], removed on drop even when the test fails), starts the
-//! real `localvol serve` on one LVM pool, and runs against a thick pool and a
-//! thin pool (one test per scenario, `thick_and_thin::<scenario>`).
+//! real `localvol serve` on one LVM pool ([`LvmFx`], the fixture
+//! `vm_snapshots.rs` uses too), and runs against a thick pool and a thin pool
+//! (one test per scenario, `thick_and_thin::<scenario>`).
 //!
 //! Ground truth is checked with LVM's own tools (`lvs`, `vgs`, `blkid`), never
 //! through the driver.
@@ -19,15 +20,16 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use localvol::csi;
+use sanity_tests::LvmFx as Fx;
 use sanity_tests::LvmKind as Kind;
 use sanity_tests::*;
 use tonic::{Code, Response, Status};
 
 const GIB: u64 = 1 << 30;
 /// Every pool keeps this much back.
-const RESERVE: i64 = 64 * MI;
+const RESERVE: i64 = Fx::RESERVE;
 /// Thin pools offer twice their size.
-const THIN_RATIO: f64 = 2.0;
+const THIN_RATIO: f64 = Fx::THIN_RATIO;
 /// LVM's default extent size: volume sizes are multiples of it.
 const EXTENT: i64 = 4 * MI;
 /// mkfs.xfs refuses filesystems below 300 MiB.
@@ -45,57 +47,35 @@ thick_and_thin!(
 );
 
 // ---------------------------------------------------------------------------
-// Fixture
+// Fixture (LvmFx, and what only these tests ask of it)
 // ---------------------------------------------------------------------------
 
-/// A driver serving one LVM pool ("thick", or "thin" on the thin pool `tp`)
-/// on a 2 GiB VG of its own. Fields drop in order: the driver (and every mount
-/// below its dir) before the VG.
-struct Fx {
-    d: Driver,
-    vg: LoopVg,
-    kind: Kind,
-    pool: &'static str,
-}
-
-impl Fx {
-    async fn new(kind: Kind) -> Self {
-        Self::with(kind, |o| o).await
-    }
-
-    /// Like [`Fx::new`], with changes to the pool's options.
-    async fn with(kind: Kind, change: impl FnOnce(LvmPoolOpts) -> LvmPoolOpts) -> Self {
-        let (vg, opts) = match kind {
-            Kind::Thick => {
-                let vg = LoopVg::create(2 * GIB, None);
-                let o = LvmPoolOpts::new("thick", &vg.vg);
-                (vg, o)
-            }
-            Kind::Thin => {
-                let vg = LoopVg::create(2 * GIB, Some(GIB));
-                let o = LvmPoolOpts::new("thin", &vg.vg)
-                    .thin_pool("tp")
-                    .overprovision_ratio(THIN_RATIO);
-                (vg, o)
-            }
-        };
-        let opts = change(opts.reserve("64Mi"));
-        let mut d = Driver::new(DriverOpts::with_lvm_pools(vec![opts]));
-        d.start_again_retrying().await;
-        Fx {
-            d,
-            vg,
-            kind,
-            pool: match kind {
-                Kind::Thick => "thick",
-                Kind::Thin => "thin",
-            },
-        }
-    }
-
+/// LVM's own numbers and names for a volume of the fixture's pool, to check
+/// the driver against.
+trait GroundTruth {
     /// What GetCapacity must say, from LVM's own numbers: thick, VG free minus
     /// the reserve; thin, pool size × ratio minus every thin LV's size minus
     /// the reserve; in whole extents.
+    fn expected_capacity(&self) -> i64;
+    /// The largest volume the pool could ever hold.
+    fn ever(&self) -> i64;
+    /// LVM's default extent size (checked in `empty_pool_offers_lvm_free_space`).
+    fn extent(&self) -> i64;
+    #[track_caller]
+    fn lv_size(&self, volume_id: &str) -> i64;
+    fn dev(&self, volume_id: &str) -> PathBuf;
+    /// The LVs tagged with this CSI name.
+    fn lvs_named(&self, name: &str) -> Vec<LvRow>;
+    /// The exact tags the driver puts on a volume's LV.
+    fn expected_tags(&self, name: &str, access: &str) -> Vec<String>;
+    async fn validate(
+        &self,
+        volume_id: &str,
+        caps: Vec<csi::VolumeCapability>,
+    ) -> Result<Response<csi::ValidateVolumeCapabilitiesResponse>, Status>;
+}
+
+impl GroundTruth for Fx {
     fn expected_capacity(&self) -> i64 {
         let (_, free, extent) = self.vg.vg_sizes();
         let raw = match self.kind {
@@ -114,7 +94,6 @@ impl Fx {
         raw.max(0) / extent * extent
     }
 
-    /// The largest volume the pool could ever hold.
     fn ever(&self) -> i64 {
         let (size, _, extent) = self.vg.vg_sizes();
         let raw = match self.kind {
@@ -127,14 +106,8 @@ impl Fx {
         raw / extent * extent
     }
 
-    /// LVM's default extent size (checked in `empty_pool_offers_lvm_free_space`).
     fn extent(&self) -> i64 {
         EXTENT
-    }
-
-    /// The LV behind a volume id.
-    fn lv(&self, volume_id: &str) -> Option<LvRow> {
-        self.vg.lv(&lv_name(volume_id))
     }
 
     #[track_caller]
@@ -148,14 +121,6 @@ impl Fx {
         self.vg.dev_path(&lv_name(volume_id))
     }
 
-    /// Names of every LV in the VG, sorted.
-    fn lv_names(&self) -> Vec<String> {
-        let mut v: Vec<String> = self.vg.lvs().into_iter().map(|l| l.name).collect();
-        v.sort();
-        v
-    }
-
-    /// The LVs tagged with this CSI name.
     fn lvs_named(&self, name: &str) -> Vec<LvRow> {
         let tag = format!("localvol.name={name}");
         self.vg
@@ -165,7 +130,6 @@ impl Fx {
             .collect()
     }
 
-    /// The exact tags the driver puts on a volume's LV.
     fn expected_tags(&self, name: &str, access: &str) -> Vec<String> {
         let mut t = vec![
             "localvol".to_owned(),
@@ -176,14 +140,6 @@ impl Fx {
         ];
         t.sort();
         t
-    }
-
-    async fn create(&self, req: csi::CreateVolumeRequest) -> Result<csi::Volume, Status> {
-        self.d.controller().create_volume(req).await.map(|r| {
-            r.into_inner()
-                .volume
-                .expect("CreateVolume returned no volume")
-        })
     }
 
     async fn validate(
@@ -199,25 +155,6 @@ impl Fx {
                 ..Default::default()
             })
             .await
-    }
-
-    async fn delete_volume(
-        &self,
-        volume_id: &str,
-    ) -> Result<Response<csi::DeleteVolumeResponse>, Status> {
-        self.d
-            .controller()
-            .delete_volume(delete_req(volume_id))
-            .await
-    }
-
-    #[track_caller]
-    fn assert_lv_gone(&self, volume_id: &str) {
-        assert!(
-            self.lv(volume_id).is_none(),
-            "the LV of {volume_id} is still there: {:?}",
-            self.lv_names()
-        );
     }
 }
 
@@ -563,7 +500,7 @@ async fn other_lvs_of_the_vg_are_not_this_pools(f: &Fx, vols: &Created) -> [Stri
     let r = f.validate(&foreign_id, vec![fs_cap("")]).await;
     assert_code("Validate of another pool's LV", r, Code::NotFound);
     let r = f.delete_volume(&foreign_id).await;
-    assert_code("Delete of another pool's LV", r, Code::FailedPrecondition);
+    must_fail("Delete of another pool's LV", r, Code::FailedPrecondition);
     assert!(
         f.vg.lv(&foreign_lv).is_some(),
         "another pool's LV was removed"
@@ -632,7 +569,7 @@ async fn malformed_ids_are_invalid_argument(f: &Fx, staging: &Path, target: &Pat
     ] {
         let ia = Code::InvalidArgument;
         let r = f.delete_volume(&bad).await;
-        assert_code(&format!("Delete {bad:?}"), r, ia);
+        must_fail(&format!("Delete {bad:?}"), r, ia);
         let r = f.validate(&bad, vec![fs_cap("")]).await;
         assert_code(&format!("Validate {bad:?}"), r, ia);
         let r = c.controller_expand_volume(expand_64mi(&bad)).await;
@@ -673,7 +610,7 @@ async fn unknown_ids_are_not_found_here(f: &Fx, staging: &Path) {
         format!("{pool}.$(reboot) lv-x;rm -rf"),
     ] {
         let r = f.delete_volume(&unknown).await;
-        ok(&format!("Delete {unknown:?}"), r);
+        must(&format!("Delete {unknown:?}"), r);
         let r = n.node_stage_volume(stage_req(&unknown, staging)).await;
         assert_code(&format!("Stage {unknown:?}"), r, Code::NotFound);
         let r = c.controller_expand_volume(expand_64mi(&unknown)).await;

@@ -14,11 +14,11 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use localvol::csi;
+use sanity_tests::LvmFx as Fx;
 use sanity_tests::LvmKind as Kind;
 use sanity_tests::*;
 use tonic::{Code, Status};
 
-const GIB: u64 = 1 << 30;
 /// mkfs.xfs refuses filesystems below 300 MiB.
 const XFS_SIZE: i64 = 320 * MI;
 /// Space for a thick snapshot's copy-on-write changes.
@@ -34,69 +34,58 @@ thick_and_thin!(
 );
 
 // ---------------------------------------------------------------------------
-// Fixture and helpers
+// Fixture (LvmFx, and what only these tests ask of it) and helpers
 // ---------------------------------------------------------------------------
 
-/// A driver serving one LVM pool ("thick", or "thin" on the thin pool `tp`)
-/// on a 2 GiB VG of its own. The driver drops (unmounting) before the VG.
-struct Fx {
-    d: Driver,
-    vg: LoopVg,
-    kind: Kind,
-    pool: &'static str,
+/// What the snapshot scenarios ask of the fixture ([`LvmFx`]) beyond its own
+/// helpers.
+trait SnapshotOps {
+    #[track_caller]
+    fn must_lv(&self, volume_id: &str) -> LvRow;
+    /// LVs carrying the `localvol` tag (volumes and snapshots), sorted.
+    fn our_lvs(&self) -> Vec<String>;
+    /// The volume id a CSI name gets in this pool.
+    fn volume_id(&self, name: &str) -> String;
+    /// CreateSnapshot; thick pools get a `snapshotSize` for the COW area.
+    async fn snapshot(&self, name: &str, source: &str) -> Result<csi::Snapshot, Status>;
+    /// Like [`SnapshotOps::snapshot`], with this `snapshotSize` (thick pools).
+    async fn snapshot_cow(
+        &self,
+        name: &str,
+        source: &str,
+        cow: &str,
+    ) -> Result<csi::Snapshot, Status>;
+    async fn delete_snapshot(&self, id: &str) -> Result<(), Status>;
+    async fn list_snapshots(
+        &self,
+        snapshot_id: &str,
+        source: &str,
+    ) -> Result<Vec<csi::Snapshot>, Status>;
+    /// Every volume id ListVolumes shows, sorted.
+    async fn volume_ids(&self) -> Vec<String>;
+    /// Whether ListVolumes shows this volume.
+    async fn is_listed(&self, volume_id: &str) -> bool;
+    /// NodeStageVolume of a raw block volume at the staging path of `tag`.
+    async fn stage_block(
+        &self,
+        id: &str,
+        tag: &str,
+    ) -> Result<tonic::Response<csi::NodeStageVolumeResponse>, Status>;
+    /// Stages (with this filesystem type, "" for the pool's default or a
+    /// raw block volume when `fs` is "block") and publishes; returns the
+    /// target path.
+    async fn mount(&self, id: &str, tag: &str, fs: &str) -> PathBuf;
+    /// Unpublishes and unstages what [`SnapshotOps::mount`] mounted.
+    async fn unmount(&self, id: &str, tag: &str);
 }
 
-impl Fx {
-    async fn new(kind: Kind) -> Self {
-        Self::sized(kind, 2 * GIB, GIB).await
-    }
-
-    /// A VG of `vg_bytes`; thin pools get a thin pool of `thin_bytes`.
-    async fn sized(kind: Kind, vg_bytes: u64, thin_bytes: u64) -> Self {
-        let (vg, opts) = match kind {
-            Kind::Thick => {
-                let vg = LoopVg::create(vg_bytes, None);
-                let o = LvmPoolOpts::new("thick", &vg.vg);
-                (vg, o)
-            }
-            Kind::Thin => {
-                let vg = LoopVg::create(vg_bytes, Some(thin_bytes));
-                let o = LvmPoolOpts::new("thin", &vg.vg)
-                    .thin_pool("tp")
-                    .overprovision_ratio(2.0);
-                (vg, o)
-            }
-        };
-        let mut d = Driver::new(DriverOpts::with_lvm_pools(vec![opts.reserve("64Mi")]));
-        d.start_again_retrying().await;
-        Fx {
-            d,
-            vg,
-            kind,
-            pool: match kind {
-                Kind::Thick => "thick",
-                Kind::Thin => "thin",
-            },
-        }
-    }
-
-    fn lv(&self, volume_id: &str) -> Option<LvRow> {
-        self.vg.lv(&lv_name(volume_id))
-    }
-
+impl SnapshotOps for Fx {
     #[track_caller]
     fn must_lv(&self, volume_id: &str) -> LvRow {
         self.lv(volume_id)
             .unwrap_or_else(|| panic!("no LV for {volume_id}: {:?}", self.lv_names()))
     }
 
-    fn lv_names(&self) -> Vec<String> {
-        let mut v: Vec<String> = self.vg.lvs().into_iter().map(|l| l.name).collect();
-        v.sort();
-        v
-    }
-
-    /// LVs carrying the `localvol` tag (volumes and snapshots), sorted.
     fn our_lvs(&self) -> Vec<String> {
         let mut v: Vec<String> = self
             .vg
@@ -109,21 +98,11 @@ impl Fx {
         v
     }
 
-    /// The volume id a CSI name gets in this pool.
     fn volume_id(&self, name: &str) -> String {
         let key = localvol::ids::VolumeName::parse(name).unwrap().key();
         format!("{}.{key}", self.pool)
     }
 
-    async fn create(&self, req: csi::CreateVolumeRequest) -> Result<csi::Volume, Status> {
-        self.d.controller().create_volume(req).await.map(|r| {
-            r.into_inner()
-                .volume
-                .expect("CreateVolume returned no volume")
-        })
-    }
-
-    /// CreateSnapshot; thick pools get a `snapshotSize` for the COW area.
     async fn snapshot(&self, name: &str, source: &str) -> Result<csi::Snapshot, Status> {
         self.snapshot_cow(name, source, COW).await
     }
@@ -154,17 +133,6 @@ impl Fx {
             .controller()
             .delete_snapshot(csi::DeleteSnapshotRequest {
                 snapshot_id: id.to_owned(),
-                ..Default::default()
-            })
-            .await
-            .map(|_| ())
-    }
-
-    async fn delete_volume(&self, id: &str) -> Result<(), Status> {
-        self.d
-            .controller()
-            .delete_volume(csi::DeleteVolumeRequest {
-                volume_id: id.to_owned(),
                 ..Default::default()
             })
             .await
@@ -205,12 +173,10 @@ impl Fx {
         v
     }
 
-    /// Whether ListVolumes shows this volume.
     async fn is_listed(&self, volume_id: &str) -> bool {
         self.volume_ids().await.iter().any(|v| v == volume_id)
     }
 
-    /// NodeStageVolume of a raw block volume at the staging path of `tag`.
     async fn stage_block(
         &self,
         id: &str,
@@ -221,9 +187,6 @@ impl Fx {
         self.d.node().node_stage_volume(req).await
     }
 
-    /// Stages (with this filesystem type, "" for the pool's default or a
-    /// raw block volume when `fs` is "block") and publishes; returns the
-    /// target path.
     async fn mount(&self, id: &str, tag: &str, fs: &str) -> PathBuf {
         let cap = cap_for(fs);
         let staging = self.d.staging_path(tag);
@@ -246,15 +209,6 @@ impl Fx {
     async fn unmount(&self, id: &str, tag: &str) {
         self.d.unpublish(id, &self.d.target_path(tag)).await;
         self.d.unstage(id, &self.d.staging_path(tag)).await;
-    }
-
-    #[track_caller]
-    fn assert_lv_gone(&self, volume_id: &str) {
-        assert!(
-            self.lv(volume_id).is_none(),
-            "the LV of {volume_id} is still there: {:?}",
-            self.lv_names()
-        );
     }
 }
 
