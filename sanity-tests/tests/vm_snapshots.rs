@@ -1400,43 +1400,72 @@ async fn raid1_pool_capacity_and_restore() {
     require_root();
     run_cmd("modprobe", &["dm_raid"]);
     let start_time = Instant::now();
-    // Drop order (reverse): driver, VG, the second PV's loop device, its dir.
-    let dir = tempfile::Builder::new()
-        .prefix("localvol-pv2-")
-        .tempdir()
-        .unwrap();
-    let pv2 = LoopDevice::create(&dir.path().join("pv2.img"), 128 * MI as u64);
-    let vg = LoopVg::create(128 * MI as u64, None);
-    run_cmd("lvm", &["vgextend", "-qq", &vg.vg, &path_str(&pv2.path)]);
-    let mut opts = DriverOpts::with_lvm_pools(vec![]);
-    opts.extra_config = format!(
-        "  - name: raid\n    type: lvm\n    volumeGroup: {}\n    reserve: 16Mi\n    \
-         lvcreateOptions: [\"--type\", \"raid1\", \"-m\", \"1\"]\n    capacityOverhead: 2.0\n",
-        vg.vg
+    let raid = Raid1Fx::new().await;
+    let free0 = raid1_capacity_is_half_the_free_space(&raid.f).await;
+    raid1_restore_has_the_snapshots_data(&raid.f).await;
+    assert_eq!(
+        raid.f.vg.vg_sizes().1,
+        free0,
+        "the VG did not get its space back"
     );
-    let mut d = Driver::new(opts);
-    d.start_again_retrying().await;
-    let f = RaidFx { d: &d };
+    eprintln!("vm_snapshots: raid1 took {:.1?}", start_time.elapsed());
+}
 
-    // Capacity: half of what is free beyond the reserve, in whole extents;
-    // a volume of exactly that size really fits; one extent more does not.
-    let (_, free0, extent) = vg.vg_sizes();
-    let cap = d.capacity(None).await.available_capacity;
+/// A thick pool "raid" on a VG over two 128 MiB PVs, reserving 16 MiB, whose
+/// volumes are raid1 (`lvcreateOptions`) and count twice (`capacityOverhead`).
+/// Fields drop in order: the driver, the VG, the second PV's loop device, its
+/// dir.
+struct Raid1Fx {
+    f: Fx,
+    _pv2: LoopDevice,
+    _dir: tempfile::TempDir,
+}
+
+impl Raid1Fx {
+    async fn new() -> Self {
+        let dir = tempfile::Builder::new()
+            .prefix("localvol-pv2-")
+            .tempdir()
+            .unwrap();
+        let pv2 = LoopDevice::create(&dir.path().join("pv2.img"), 128 * MI as u64);
+        let vg = LoopVg::create(128 * MI as u64, None);
+        run_cmd("lvm", &["vgextend", "-qq", &vg.vg, &path_str(&pv2.path)]);
+        let mut opts = DriverOpts::with_lvm_pools(vec![]);
+        opts.extra_config = format!(
+            "  - name: raid\n    type: lvm\n    volumeGroup: {}\n    reserve: 16Mi\n    \
+             lvcreateOptions: [\"--type\", \"raid1\", \"-m\", \"1\"]\n    capacityOverhead: 2.0\n",
+            vg.vg
+        );
+        let f = Fx::serve(Kind::Thick, "raid", vg, opts).await;
+        Self {
+            f,
+            _pv2: pv2,
+            _dir: dir,
+        }
+    }
+}
+
+/// Capacity: half of what is free beyond the reserve, in whole extents; a
+/// volume of exactly that size really fits (a raid LV, taking twice its size
+/// of the VG); one extent more does not. Returns the VG's free space before.
+async fn raid1_capacity_is_half_the_free_space(f: &Fx) -> i64 {
+    let (_, free0, extent) = f.vg.vg_sizes();
+    let cap = f.d.capacity(None).await.available_capacity;
     assert_eq!(cap, (free0 - 16 * MI) / 2 / extent * extent, "GetCapacity");
     let full = must(
         "a volume of the whole capacity",
         f.create(new_req("full", cap, "block")).await,
     );
-    let lv = vg.lv(&lv_name(&full.volume_id)).unwrap();
+    let lv = f.lv(&full.volume_id).unwrap();
     assert!(lv.attr.starts_with('r'), "not a raid LV: {lv:?}");
-    let (_, free1, _) = vg.vg_sizes();
+    let (_, free1, _) = f.vg.vg_sizes();
     assert!(
         free0 - free1 >= 2 * cap,
         "raid1 of {cap} bytes took only {} bytes of the VG",
         free0 - free1
     );
     assert_eq!(
-        d.capacity(None).await.available_capacity,
+        f.d.capacity(None).await.available_capacity,
         (free1 - 16 * MI).max(0) / 2 / extent * extent
     );
     must_fail(
@@ -1444,81 +1473,51 @@ async fn raid1_pool_capacity_and_restore() {
         f.create(new_req("more", extent, "block")).await,
         Code::ResourceExhausted,
     );
-    must("delete", f.delete(&full.volume_id).await);
+    must("delete", f.delete_volume(&full.volume_id).await);
+    free0
+}
 
-    // Snapshot and restore on raid1: the restore is raid1 too, with the data.
+/// Snapshot and restore on raid1: the restore is raid1 too, with the data.
+async fn raid1_restore_has_the_snapshots_data(f: &Fx) {
     let v = must("create", f.create(new_req("m", 16 * MI, "block")).await);
-    let t = d.target_path("m");
-    let mut req = publish_req(&v.volume_id, &d.staging_path("m"), &t, false);
-    req.volume_capability = Some(cap_for("block"));
-    ok("publish", d.node().node_publish_volume(req).await);
+    let t = publish_block_unstaged(f, &v.volume_id, "m", "publish").await;
     let data = pseudo_random(42, 8 * MI as usize);
     write_at(&t, 4 * MI as u64, &data);
-    let mut sreq = csi::CreateSnapshotRequest {
-        name: "m-snap".into(),
-        source_volume_id: v.volume_id.clone(),
-        ..Default::default()
-    };
-    sreq.parameters = params(&[("snapshotSize", "16Mi")]);
-    let snap = ok("snapshot", d.controller().create_snapshot(sreq).await)
-        .snapshot
-        .unwrap();
+    let snap = must(
+        "snapshot",
+        f.snapshot_cow("m-snap", &v.volume_id, "16Mi").await,
+    );
     write_at(&t, 4 * MI as u64, &pseudo_random(43, 8 * MI as usize));
     let r = must(
         "restore",
         f.create(from_req("m-restored", 0, "block", &snap.snapshot_id, true))
             .await,
     );
-    let lv = vg.lv(&lv_name(&r.volume_id)).unwrap();
+    let lv = f.lv(&r.volume_id).unwrap();
     assert!(lv.attr.starts_with('r'), "the restore is not raid1: {lv:?}");
-    let rt = d.target_path("m-restored");
-    let mut req = publish_req(&r.volume_id, &d.staging_path("m-restored"), &rt, false);
-    req.volume_capability = Some(cap_for("block"));
-    ok("publish restore", d.node().node_publish_volume(req).await);
+    let rt = publish_block_unstaged(f, &r.volume_id, "m-restored", "publish restore").await;
     drop_caches();
     assert!(
         read_at(&rt, 4 * MI as u64, data.len()) == data,
         "the raid1 restore lacks the snapshot's data"
     );
-    d.unpublish(&r.volume_id, &rt).await;
-    d.unpublish(&v.volume_id, &t).await;
+    f.d.unpublish(&r.volume_id, &rt).await;
+    f.d.unpublish(&v.volume_id, &t).await;
     must(
         "delete snapshot",
-        d.controller()
-            .delete_snapshot(csi::DeleteSnapshotRequest {
-                snapshot_id: snap.snapshot_id.clone(),
-                ..Default::default()
-            })
-            .await
-            .map(|_| ()),
+        f.delete_snapshot(&snap.snapshot_id).await,
     );
     for id in [&r.volume_id, &v.volume_id] {
-        must("delete", f.delete(id).await);
+        must("delete", f.delete_volume(id).await);
     }
-    assert_eq!(vg.vg_sizes().1, free0, "the VG did not get its space back");
-    eprintln!("vm_snapshots: raid1 took {:.1?}", start_time.elapsed());
 }
 
-struct RaidFx<'a> {
-    d: &'a Driver,
-}
-
-impl RaidFx<'_> {
-    async fn create(&self, req: csi::CreateVolumeRequest) -> Result<csi::Volume, Status> {
-        self.d
-            .controller()
-            .create_volume(req)
-            .await
-            .map(|r| r.into_inner().volume.expect("no volume"))
-    }
-    async fn delete(&self, id: &str) -> Result<(), Status> {
-        self.d
-            .controller()
-            .delete_volume(csi::DeleteVolumeRequest {
-                volume_id: id.to_owned(),
-                ..Default::default()
-            })
-            .await
-            .map(|_| ())
-    }
+/// NodePublishVolume of a raw block volume at the target path of `tag`,
+/// straight from its device (never staged); returns the target path.
+async fn publish_block_unstaged(f: &Fx, id: &str, tag: &str, what: &str) -> PathBuf {
+    let t = f.d.target_path(tag);
+    let mut req = publish_req(id, &f.d.staging_path(tag), &t, false);
+    req.volume_capability = Some(cap_for("block"));
+    ok(what, f.d.node().node_publish_volume(req).await);
+    t
 }
