@@ -748,6 +748,9 @@ async fn deletes_are_idempotent_and_give_everything_back(
 // 2. Lifecycle with real data, across restarts
 // ---------------------------------------------------------------------------
 
+/// One volume through stage, publish, restage elsewhere, a clean restart, a
+/// crash and a start with its LV inactive, its data checked after each step;
+/// then deleted (twice), giving the pool its capacity back.
 async fn lifecycle_with_data(kind: Kind) {
     require_root();
     // Thick: ext4 (the default default); thin: xfs as the pool's defaultFsType.
@@ -766,9 +769,27 @@ async fn lifecycle_with_data(kind: Kind) {
     let dev = f.dev(&id);
     assert_eq!(blkid(&dev, "TYPE"), None);
 
+    let uuid = first_stage_formats_and_publish_writes(&f, &id, fs).await;
+    let (staging, target) = restage_elsewhere_keeps_the_data(&f, &id, &uuid).await;
+    published_data_survives_a_clean_restart(&mut f, &id, &staging, &target).await;
+    staged_data_survives_a_crash(&mut f, &id, &uuid).await;
+    stage_activates_an_inactive_lv(&mut f, &id, &uuid).await;
+
+    f.d.delete(&id).await;
+    f.assert_lv_gone(&id);
+    assert!(!dev.exists(), "{dev:?} left behind");
+    f.d.delete(&id).await;
+    assert_eq!(f.d.capacity(None).await.available_capacity, cap0);
+}
+
+/// The first stage (at "life") makes the filesystem `fs`; publish, write a
+/// file and a nested one; the mounted LV is open. Returns the filesystem's
+/// UUID.
+async fn first_stage_formats_and_publish_writes(f: &Fx, id: &str, fs: &str) -> String {
+    let dev = f.dev(id);
     let staging = f.d.staging_path("life");
     let target = f.d.target_path("life");
-    f.d.stage(&id, &staging).await;
+    f.d.stage(id, &staging).await;
     assert_eq!(
         blkid(&dev, "TYPE").as_deref(),
         Some(fs),
@@ -776,75 +797,92 @@ async fn lifecycle_with_data(kind: Kind) {
     );
     assert_eq!(fs_type_at(&staging).as_deref(), Some(fs));
     let uuid = blkid(&dev, "UUID").expect("filesystem UUID");
-    f.d.publish(&id, &staging, &target, false).await;
+    f.d.publish(id, &staging, &target, false).await;
     write_file(&target, "file.txt", b"first write").unwrap();
     fs::create_dir(target.join("sub")).unwrap();
     write_file(&target.join("sub"), "nested", &vec![42u8; 100_000]).unwrap();
-    assert!(f.lv(&id).unwrap().open, "a mounted LV is open");
+    assert!(f.lv(id).unwrap().open, "a mounted LV is open");
+    uuid
+}
 
-    // Unpublish, unstage, restage elsewhere, republish.
-    f.d.unpublish(&id, &target).await;
-    assert!(!target.exists());
-    f.d.unstage(&id, &staging).await;
+/// Unpublish, unstage (the LV is no longer open), restage at "life-2" (not
+/// reformatted), republish: the data is there. Returns the new staging and
+/// target paths, left published.
+async fn restage_elsewhere_keeps_the_data(f: &Fx, id: &str, uuid: &str) -> (PathBuf, PathBuf) {
+    let dev = f.dev(id);
+    let (first_staging, first_target) = (f.d.staging_path("life"), f.d.target_path("life"));
+    f.d.unpublish(id, &first_target).await;
+    assert!(!first_target.exists());
+    f.d.unstage(id, &first_staging).await;
     assert!(f.d.mounts_below_dir().is_empty());
-    assert!(!f.lv(&id).unwrap().open);
+    assert!(!f.lv(id).unwrap().open);
     let staging = f.d.staging_path("life-2");
     let target = f.d.target_path("life-2");
-    f.d.stage(&id, &staging).await;
+    f.d.stage(id, &staging).await;
     assert_eq!(
         blkid(&dev, "UUID").as_deref(),
-        Some(uuid.as_str()),
+        Some(uuid),
         "restage reformatted"
     );
-    f.d.publish(&id, &staging, &target, false).await;
+    f.d.publish(id, &staging, &target, false).await;
     assert_file(&target, "file.txt", b"first write");
     assert_file(&target.join("sub"), "nested", &vec![42u8; 100_000]);
+    (staging, target)
+}
 
-    // A clean restart while published.
+/// A clean restart while published: the data stays writable and publish is
+/// idempotent after it. Unpublishes and unstages at the end.
+async fn published_data_survives_a_clean_restart(
+    f: &mut Fx,
+    id: &str,
+    staging: &Path,
+    target: &Path,
+) {
     let status = f.d.stop().await;
     assert!(status.success(), "SIGTERM: {status}");
     f.d.start_again_retrying().await;
-    assert_file(&target, "file.txt", b"first write");
-    write_file(&target, "second.txt", b"after restart").unwrap();
-    f.d.publish(&id, &staging, &target, false).await; // idempotent after a restart
-    f.d.unpublish(&id, &target).await;
-    f.d.unstage(&id, &staging).await;
+    assert_file(target, "file.txt", b"first write");
+    write_file(target, "second.txt", b"after restart").unwrap();
+    f.d.publish(id, staging, target, false).await; // idempotent after a restart
+    f.d.unpublish(id, target).await;
+    f.d.unstage(id, staging).await;
+}
 
-    // A crash while staged.
+/// A crash (SIGKILL) while staged at "life-3": stage is idempotent after it,
+/// with both files and the same filesystem. Unstages at the end.
+async fn staged_data_survives_a_crash(f: &mut Fx, id: &str, uuid: &str) {
     let staging = f.d.staging_path("life-3");
-    f.d.stage(&id, &staging).await;
+    f.d.stage(id, &staging).await;
     f.d.kill9();
     f.d.start_again_retrying().await;
-    f.d.stage(&id, &staging).await; // idempotent after a crash
+    f.d.stage(id, &staging).await; // idempotent after a crash
     assert_file(&staging, "file.txt", b"first write");
     assert_file(&staging, "second.txt", b"after restart");
-    assert_eq!(blkid(&dev, "UUID").as_deref(), Some(uuid.as_str()));
-    f.d.unstage(&id, &staging).await;
+    assert_eq!(blkid(&f.dev(id), "UUID").as_deref(), Some(uuid));
+    f.d.unstage(id, &staging).await;
     assert!(f.d.mounts_below_dir().is_empty());
+}
 
-    // The LV inactive when the driver starts (a boot without VG
-    // auto-activation): staging activates it, the data is there.
+/// The LV inactive when the driver starts (a boot without VG
+/// auto-activation): staging activates it, the data is there. Unstages at
+/// the end.
+async fn stage_activates_an_inactive_lv(f: &mut Fx, id: &str, uuid: &str) {
+    let dev = f.dev(id);
     f.d.stop().await;
-    lvchange(&f.vg, &id, "-an");
+    lvchange(&f.vg, id, "-an");
     assert!(!dev.exists(), "an inactive LV has no device node");
     f.d.start_again_retrying().await;
     let staging = f.d.staging_path("life-4");
-    f.d.stage(&id, &staging).await;
-    let attr = f.lv(&id).unwrap().attr;
+    f.d.stage(id, &staging).await;
+    let attr = f.lv(id).unwrap().attr;
     assert_eq!(
         attr.chars().nth(4),
         Some('a'),
         "not active after stage: {attr}"
     );
     assert_file(&staging, "file.txt", b"first write");
-    assert_eq!(blkid(&dev, "UUID").as_deref(), Some(uuid.as_str()));
-    f.d.unstage(&id, &staging).await;
-
-    f.d.delete(&id).await;
-    f.assert_lv_gone(&id);
-    assert!(!dev.exists(), "{dev:?} left behind");
-    f.d.delete(&id).await;
-    assert_eq!(f.d.capacity(None).await.available_capacity, cap0);
+    assert_eq!(blkid(&dev, "UUID").as_deref(), Some(uuid));
+    f.d.unstage(id, &staging).await;
 }
 
 // ---------------------------------------------------------------------------
