@@ -572,6 +572,8 @@ async fn restore_outlives_its_snapshot_and_origin(
 // 2. Clones
 // ---------------------------------------------------------------------------
 
+/// A clone of a published volume has its data, its own name and size, and
+/// lives apart from its source: writes never cross, and it outlives it.
 async fn clone_is_independent(kind: Kind) {
     require_root();
     let (fs, size) = match kind {
@@ -586,6 +588,21 @@ async fn clone_is_independent(kind: Kind) {
     write_generation(&starget, 7);
 
     // Bad requests first: nothing is created.
+    clones_that_cannot_be_made_are_refused(&f, &sid, size, fs).await;
+    assert_eq!(f.our_lvs().len(), base.len() + 1, "{:?}", f.our_lvs());
+
+    // Clone the published, synced volume.
+    let cid = clone_is_idempotent_and_its_name_its_own(&f, &sid, size, fs).await;
+    let ctarget = f.mount(&cid, "clone", fs).await;
+    assert_generation(&ctarget, 7, "the clone");
+    writes_to_a_clone_and_its_source_stay_apart(&starget, &ctarget);
+    clone_outlives_its_source(&f, &sid, &cid, fs).await;
+    assert_eq!(f.our_lvs(), base, "something was left behind");
+}
+
+/// A clone of a missing volume is NOT_FOUND; one smaller than its source, or
+/// limited below it, OUT_OF_RANGE.
+async fn clones_that_cannot_be_made_are_refused(f: &Fx, sid: &str, size: i64, fs: &str) {
     must_fail(
         "clone of a missing volume",
         f.create(from_req("c", 0, fs, &f.volume_id("nope"), false))
@@ -594,21 +611,28 @@ async fn clone_is_independent(kind: Kind) {
     );
     must_fail(
         "clone smaller than its source",
-        f.create(from_req("c", size - 4 * MI, fs, &sid, false))
-            .await,
+        f.create(from_req("c", size - 4 * MI, fs, sid, false)).await,
         Code::OutOfRange,
     );
-    let mut req = from_req("c", 0, fs, &sid, false);
+    let mut req = from_req("c", 0, fs, sid, false);
     req.capacity_range = Some(range(0, size - 4 * MI));
     must_fail(
         "clone with a limit below its source",
         f.create(req).await,
         Code::OutOfRange,
     );
-    assert_eq!(f.our_lvs().len(), base.len() + 1, "{:?}", f.our_lvs());
+}
 
-    // Clone the published, synced volume.
-    let req = from_req("clone", 0, fs, &sid, false);
+/// The clone "clone" has its source's size and names its source; asking
+/// again returns it; its name for a new volume or a clone of another source
+/// is ALREADY_EXISTS. Returns its id.
+async fn clone_is_idempotent_and_its_name_its_own(
+    f: &Fx,
+    sid: &str,
+    size: i64,
+    fs: &str,
+) -> String {
+    let req = from_req("clone", 0, fs, sid, false);
     let c = must("clone", f.create(req.clone()).await);
     let cid = c.volume_id.clone();
     assert_eq!(c.capacity_bytes, size);
@@ -628,35 +652,39 @@ async fn clone_is_independent(kind: Kind) {
         Code::AlreadyExists,
     );
     must("delete other", f.delete_volume(&other.volume_id).await);
+    cid
+}
 
-    let ctarget = f.mount(&cid, "clone", fs).await;
-    assert_generation(&ctarget, 7, "the clone");
-
-    // Writes to either never show in the other.
-    write_file(&ctarget, "clone-only", b"c").unwrap();
-    write_file(&ctarget, "known.txt", b"changed in the clone").unwrap();
-    write_file(&starget, "src-only", b"s").unwrap();
+/// Writes to either of the published source and clone never show in the
+/// other (read after the page cache is dropped).
+fn writes_to_a_clone_and_its_source_stay_apart(starget: &Path, ctarget: &Path) {
+    write_file(ctarget, "clone-only", b"c").unwrap();
+    write_file(ctarget, "known.txt", b"changed in the clone").unwrap();
+    write_file(starget, "src-only", b"s").unwrap();
     drop_caches();
     assert!(!starget.join("clone-only").exists());
     assert!(!ctarget.join("src-only").exists());
-    assert_generation(&starget, 7, "the source after writes to the clone");
+    assert_generation(starget, 7, "the source after writes to the clone");
     assert_eq!(
         fs::read(ctarget.join("known.txt")).unwrap(),
         b"changed in the clone"
     );
+}
 
-    // The clone outlives its source.
-    f.unmount(&sid, "src").await;
-    must("delete the source", f.delete_volume(&sid).await);
-    f.assert_lv_gone(&sid);
-    f.unmount(&cid, "clone").await;
-    let ctarget = f.mount(&cid, "clone-2", fs).await;
+/// The source goes (unmounted and deleted, its LV too); the clone, mounted
+/// again elsewhere, still has its own writes and the source's data. Deletes
+/// the clone at the end.
+async fn clone_outlives_its_source(f: &Fx, sid: &str, cid: &str, fs: &str) {
+    f.unmount(sid, "src").await;
+    must("delete the source", f.delete_volume(sid).await);
+    f.assert_lv_gone(sid);
+    f.unmount(cid, "clone").await;
+    let ctarget = f.mount(cid, "clone-2", fs).await;
     assert!(ctarget.join("clone-only").exists() && !ctarget.join("src-only").exists());
     let random = fs::read(ctarget.join("random.bin")).unwrap();
     assert!(random == pseudo_random(7, 4 * MI as usize));
-    f.unmount(&cid, "clone-2").await;
-    must("delete the clone", f.delete_volume(&cid).await);
-    assert_eq!(f.our_lvs(), base, "something was left behind");
+    f.unmount(cid, "clone-2").await;
+    must("delete the clone", f.delete_volume(cid).await);
 }
 
 // ---------------------------------------------------------------------------
