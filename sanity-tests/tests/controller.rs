@@ -270,13 +270,35 @@ async fn create_checks_topology_requirements() {
     }
 }
 
+/// Every request is INVALID_ARGUMENT, and none leaves a volume behind.
 #[tokio::test]
 async fn create_rejects_unsupported_requests() {
     let d = Driver::start_default().await;
-    let with_caps = |caps: Vec<csi::VolumeCapability>| csi::CreateVolumeRequest {
+    let cases = unsupported_capabilities()
+        .into_iter()
+        .chain(unsupported_parameters_and_sources());
+    for (what, r) in cases {
+        assert_code(
+            what,
+            d.controller().create_volume(r).await,
+            Code::InvalidArgument,
+        );
+    }
+    assert!(d.list_all().await.is_empty());
+    assert!(d.volume_dirs("default").is_empty());
+}
+
+/// The volume "x" with these capabilities.
+fn with_caps(caps: Vec<csi::VolumeCapability>) -> csi::CreateVolumeRequest {
+    csi::CreateVolumeRequest {
         volume_capabilities: caps,
         ..create_req("x")
-    };
+    }
+}
+
+/// CreateVolume requests with capabilities the driver refuses: block (on this
+/// dir pool), none, or a multi-node access mode (alone or among others).
+fn unsupported_capabilities() -> Vec<(&'static str, csi::CreateVolumeRequest)> {
     use AccessMode as M;
     let mut cases = vec![
         (
@@ -303,27 +325,36 @@ async fn create_rejects_unsupported_requests() {
             with_caps(vec![mount_cap(M::SingleNodeWriter), mount_cap(m)]),
         ));
     }
-    cases.push((
-        "unknown parameter",
-        csi::CreateVolumeRequest {
-            parameters: params(&[("colour", "blue")]),
-            ..create_req("x")
-        },
-    ));
-    cases.push((
-        "unknown pool",
-        csi::CreateVolumeRequest {
-            parameters: params(&[("pool", "nope")]),
-            ..create_req("x")
-        },
-    ));
-    cases.push((
-        "invalid pool name",
-        csi::CreateVolumeRequest {
-            parameters: params(&[("pool", "Not_A_Pool")]),
-            ..create_req("x")
-        },
-    ));
+    cases
+}
+
+/// CreateVolume requests with an unknown parameter or pool, an invalid pool
+/// name, a content source (snapshot or volume: none on a dir pool), mutable
+/// parameters, or no name.
+fn unsupported_parameters_and_sources() -> Vec<(&'static str, csi::CreateVolumeRequest)> {
+    let mut cases = vec![
+        (
+            "unknown parameter",
+            csi::CreateVolumeRequest {
+                parameters: params(&[("colour", "blue")]),
+                ..create_req("x")
+            },
+        ),
+        (
+            "unknown pool",
+            csi::CreateVolumeRequest {
+                parameters: params(&[("pool", "nope")]),
+                ..create_req("x")
+            },
+        ),
+        (
+            "invalid pool name",
+            csi::CreateVolumeRequest {
+                parameters: params(&[("pool", "Not_A_Pool")]),
+                ..create_req("x")
+            },
+        ),
+    ];
     for source in [
         csi::volume_content_source::Type::Snapshot(csi::volume_content_source::SnapshotSource {
             snapshot_id: "snap-1".into(),
@@ -350,15 +381,7 @@ async fn create_rejects_unsupported_requests() {
         },
     ));
     cases.push(("empty name", create_req("")));
-    for (what, r) in cases {
-        assert_code(
-            what,
-            d.controller().create_volume(r).await,
-            Code::InvalidArgument,
-        );
-    }
-    assert!(d.list_all().await.is_empty());
-    assert!(d.volume_dirs("default").is_empty());
+    cases
 }
 
 #[tokio::test]
