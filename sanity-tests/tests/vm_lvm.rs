@@ -43,6 +43,7 @@ thick_and_thin!(
     block_mode,
     crash_mid_create,
     pool_full,
+    expansion_beyond_free_space,
     delete_while_in_use,
 );
 
@@ -992,6 +993,47 @@ async fn controller_expand_leaves_the_lv(
         size,
         "the controller must leave the LV to the node"
     );
+}
+
+/// ControllerExpandVolume checks the growth against the pool's free space
+/// before the PV can grow: more than is free is OUT_OF_RANGE (naming the
+/// largest size that fits), with the LV untouched; exactly what is free is
+/// accepted and left to NodeExpandVolume, which then really has the room.
+async fn expansion_beyond_free_space(kind: Kind) {
+    require_root();
+    let f = Fx::new(kind).await;
+    let d = &f.d;
+    let size = 64 * MI;
+    let v = must(
+        "create",
+        f.create(sized("tight", size, 0, fs_cap(""))).await,
+    );
+    let id = v.volume_id.as_str();
+    let free = d.capacity(None).await.available_capacity;
+    assert_eq!(free, f.expected_capacity());
+    let expand = |grown: i64| {
+        let mut c = d.controller();
+        let req = csi::ControllerExpandVolumeRequest {
+            volume_id: id.to_owned(),
+            capacity_range: Some(range(grown, 0)),
+            ..Default::default()
+        };
+        async move { c.controller_expand_volume(req).await }
+    };
+    let too_much = expand(size + free + f.extent()).await;
+    let e = too_much.expect_err("growth beyond the free space was accepted");
+    assert_eq!(e.code(), Code::OutOfRange, "{}", e.message());
+    assert!(e.message().contains("ask for at most"), "{}", e.message());
+    assert_eq!(f.lv_size(id), size, "a refused expansion changed the LV");
+    let r = ok("exactly the free space", expand(size + free).await);
+    assert!(r.node_expansion_required, "{r:?}");
+    assert_eq!(r.capacity_bytes, size + free);
+    assert_eq!(
+        f.lv_size(id),
+        size,
+        "the controller must leave the LV to the node"
+    );
+    d.delete(id).await;
 }
 
 /// A staged and published filesystem grows by 64 MiB: the controller leaves
