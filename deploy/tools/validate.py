@@ -211,11 +211,14 @@ def sidecar_rbac():
 RBAC = sidecar_rbac()
 
 # localvol's own roles are derived from its code (code_rbac below): the
-# kube API calls of src/controller/ (`localvol controller`) and of
-# src/discovery/ and src/orphans.rs (`localvol serve` with discovery/orphans).
+# kube API calls of src/controller/ (`localvol controller`), of
+# src/discovery/ and src/orphans.rs (`localvol serve` with discovery/orphans),
+# and of src/k8s/room.rs (`localvol serve`: ControllerExpandVolume, which
+# the resizer calls, reads a remote volume's PV and capacity).
 CODE_ROLES = {
     "controller": ["src/controller"],
     "discovery": ["src/discovery", "src/orphans.rs"],
+    "expansion": ["src/k8s/room.rs"],
 }
 # k8s-openapi type -> (apiGroup, resource).
 KUBE_TYPES = {
@@ -226,9 +229,11 @@ KUBE_TYPES = {
     "CSIStorageCapacity": ("storage.k8s.io", "csistoragecapacities"),
     "Lease": ("coordination.k8s.io", "leases"),
 }
-# Granted by a Role in the release namespace instead of the ClusterRole: the
-# controller's Lease (--lease-namespace=$(POD_NAMESPACE)).
-NAMESPACED_TYPES = {"Lease"}
+# Granted by a Role in the release namespace instead of the ClusterRole, by
+# role: the controller's Lease (--lease-namespace=$(POD_NAMESPACE)); the
+# CSIStorageCapacities expansion reads (Api::default_namespaced: the pod's
+# own namespace, where its provisioner writes them).
+NAMESPACED_TYPES = {("controller", "Lease"), ("expansion", "CSIStorageCapacity")}
 # kube::Api methods -> the verb each request needs.
 API_VERBS = {
     "get": "get", "get_opt": "get", "get_metadata": "get", "get_metadata_opt": "get",
@@ -272,7 +277,7 @@ def code_rbac():
                 if ty not in KUBE_TYPES:
                     unknown.append(f"{rel}: Api<{ty}> ({where}): add it to KUBE_TYPES")
                     return
-                kind = "Role" if ty in NAMESPACED_TYPES else "ClusterRole"
+                kind = "Role" if (role, ty) in NAMESPACED_TYPES else "ClusterRole"
                 out.setdefault((kind, role), {}).setdefault(KUBE_TYPES[ty], set()).update(verbs)
 
             def type_of(name, pos):
@@ -923,7 +928,7 @@ def check_rbac(render, docs, ds, sidecars, api_user=False, controller=None):
                 f"{render}: the controller has its own ServiceAccount {ns}/{csa}")
     roles = {}
     for d in by_kind(docs, "ClusterRole") + by_kind(docs, "Role"):
-        m = re.search(r"-(provisioner|resizer|snapshotter|controller|discovery)$", d["metadata"]["name"])
+        m = re.search(r"-(provisioner|resizer|snapshotter|controller|discovery|expansion)$", d["metadata"]["name"])
         if not R.check(m is not None, f"{render}: {d['kind']} {d['metadata']['name']} is a known role"):
             continue
         key = (d["kind"], m.group(1))
@@ -954,6 +959,9 @@ def check_rbac(render, docs, ds, sidecars, api_user=False, controller=None):
     leader = "csi-resizer" in sidecars and any(
         a.startswith("--leader-election") for a in sidecars["csi-resizer"].get("args", []))
     needed |= {("Role", "resizer")} if leader else set()
+    # The resizer is what calls ControllerExpandVolume, which reads for the
+    # room check.
+    needed |= {("ClusterRole", "expansion"), ("Role", "expansion")} if "csi-resizer" in sidecars else set()
     needed |= {("ClusterRole", "discovery")} if api_user else set()
     needed |= {("ClusterRole", "controller"), ("Role", "controller")} if controller is not None else set()
     R.check(set(roles) == needed, f"{render}: roles match the sidecars present ({len(needed)})",
@@ -1293,8 +1301,8 @@ def main():
         kname, hname = pair.split("=")
         check_parity(kname, docs[kname], hname, docs[hname])
     R.section("RBAC from the code")
-    R.check(not CODE_RBAC_UNKNOWN, "every kube API call of src/controller/, src/discovery/ and "
-            "src/orphans.rs maps to RBAC verbs: " + "; ".join(
+    R.check(not CODE_RBAC_UNKNOWN, "every kube API call of src/controller/, src/discovery/, src/orphans.rs and "
+            "src/k8s/room.rs maps to RBAC verbs: " + "; ".join(
                 f"{k[0]} {k[1]}: " + ", ".join(f"{g or 'core'}/{r} {sorted(v)}" for (g, r), v in sorted(rules.items()))
                 for k, rules in sorted(CODE_RBAC.items())),
             "; ".join(CODE_RBAC_UNKNOWN))
