@@ -13,6 +13,8 @@ FROM debian:bookworm-slim
 # activation (thin-provisioning-tools: lvm2 only recommends it, and without it
 # lvm skips the check), blkid/wipefs/blkdiscard (util-linux); dd and shred come
 # with the base image. The node plugin must run privileged (it mounts).
+# `make test-image` builds this stage's root filesystem from the package list
+# below (vm/image-packages reads it from here) and runs the driver in it.
 RUN apt-get update \
  && apt-get install -y --no-install-recommends \
       e2fsprogs xfsprogs lvm2 thin-provisioning-tools util-linux \
