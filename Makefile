@@ -9,7 +9,7 @@ NODE       ?= $(shell hostname)
 BIN        := target/release/localvol
 IMAGE      ?= localvol:dev
 
-.PHONY: run build test fmt-check clippy unit sanity upstream-sanity validate-deploy test-vm test-image bench bench-vm image clean
+.PHONY: run build test fmt-check clippy unit sanity soak upstream-sanity validate-deploy test-vm test-image bench bench-vm image clean
 
 build:
 	$(CARGO) build --release --locked --bin localvol
@@ -49,6 +49,21 @@ unit:
 sanity:
 	$(CARGO) build --bin localvol
 	$(CARGO) test -p sanity-tests
+
+# The fault-injection suite (sanity-tests/tests/fault_injection.rs; `sanity`
+# runs it with its defaults: dir pool, 200 kills at 4 workers) with larger
+# counts, for as long as asked; not for CI. Kills go on until both
+# SOAK_MINUTES passed and SOAK_KILLS were done, e.g.
+#   make soak SOAK_MINUTES=30
+#   make soak SOAK_MINUTES=0 SOAK_KILLS=5000 SOAK_CONCURRENCY=8
+# A failure prints its seed; replay it with FAULT_SEED=<seed> (same counts).
+SOAK_MINUTES     ?= 10
+SOAK_KILLS       ?= 1000
+SOAK_CONCURRENCY ?= 8
+soak:
+	$(CARGO) build --bin localvol
+	FAULT_MINUTES=$(SOAK_MINUTES) FAULT_KILLS=$(SOAK_KILLS) FAULT_CONCURRENCY=$(SOAK_CONCURRENCY) \
+		$(CARGO) test -p sanity-tests --test fault_injection -- --nocapture
 
 # The CSI community's own conformance suite (kubernetes-csi/csi-test's
 # csi-sanity) against a dir pool on this host, default test sizes; the VM step
