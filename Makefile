@@ -9,7 +9,7 @@ NODE       ?= $(shell hostname)
 BIN        := target/release/localvol
 IMAGE      ?= localvol:dev
 
-.PHONY: run build test fmt-check clippy unit sanity upstream-sanity validate-deploy test-vm bench bench-vm image clean
+.PHONY: run build test fmt-check clippy unit sanity soak upstream-sanity validate-deploy test-vm test-image bench bench-vm image clean
 
 build:
 	$(CARGO) build --release --locked --bin localvol
@@ -34,7 +34,7 @@ run: build
 	exec $(BIN) serve --endpoint unix://$(SOCKET) --data-dir $(DATA) \
 		--kubelet-dir $(DATA)/kubelet --node-id $(NODE)
 
-test: fmt-check clippy unit sanity upstream-sanity validate-deploy test-vm
+test: fmt-check clippy unit sanity upstream-sanity validate-deploy test-vm test-image
 
 fmt-check:
 	$(CARGO) fmt --all -- --check
@@ -49,6 +49,21 @@ unit:
 sanity:
 	$(CARGO) build --bin localvol
 	$(CARGO) test -p sanity-tests
+
+# The fault-injection suite (sanity-tests/tests/fault_injection.rs; `sanity`
+# runs it with its defaults: dir pool, 200 kills at 4 workers) with larger
+# counts, for as long as asked; not for CI. Kills go on until both
+# SOAK_MINUTES passed and SOAK_KILLS were done, e.g.
+#   make soak SOAK_MINUTES=30
+#   make soak SOAK_MINUTES=0 SOAK_KILLS=5000 SOAK_CONCURRENCY=8
+# A failure prints its seed; replay it with FAULT_SEED=<seed> (same counts).
+SOAK_MINUTES     ?= 10
+SOAK_KILLS       ?= 1000
+SOAK_CONCURRENCY ?= 8
+soak:
+	$(CARGO) build --bin localvol
+	FAULT_MINUTES=$(SOAK_MINUTES) FAULT_KILLS=$(SOAK_KILLS) FAULT_CONCURRENCY=$(SOAK_CONCURRENCY) \
+		$(CARGO) test -p sanity-tests --test fault_injection -- --nocapture
 
 # The CSI community's own conformance suite (kubernetes-csi/csi-test's
 # csi-sanity) against a dir pool on this host, default test sizes; the VM step
@@ -105,6 +120,33 @@ test-vm:
 	LOCALVOL_BIN="$$dir/localvol" VM_PASS_ENV="LOCALVOL_BIN RUST_LOG CI CSI_SANITY CSI_SANITY_ARGS" \
 		vm/run --timeout $(VM_TEST_TIMEOUT) -- vm/guest-tests --script vm/guest-csi-sanity $$tests || rc=$$?; \
 	echo "test-vm: VM run took $$(($$(date +%s) - start)) s, exit $$rc"; \
+	exit $$rc
+
+# The container image's userland, without a container engine: vm/image-root builds the
+# Dockerfile runtime stage's root filesystem (mmdebstrap --variant=minbase of its Debian suite
+# with the package list vm/image-packages reads from the Dockerfile; cached by that list in
+# /var/cache/localvol-image), and in one vm/run boot vm/guest-image chroots into it with the
+# release binary at /usr/local/bin/localvol and runs vm/image-lifecycle there: the programs
+# the driver runs (vm/driver-programs, read from src/) and lvm's thin_check are present, a
+# thin-pool activation runs thin_check, and a dir, a thick (ext4) and a thin (xfs) pool go
+# through create, stage, publish, write, expand, snapshot and restore (LVM), and delete.
+# The binary is copied to a private dir first (a concurrent build cannot replace it).
+IMAGE_TEST_TIMEOUT ?= 900
+test-image:
+	vm/setup
+	@set -eu; \
+	mkdir -p $(CURDIR)/target; \
+	dir=$$(mktemp -d $(CURDIR)/target/image-test.XXXXXX); \
+	trap 'rm -rf "$$dir"' EXIT; \
+	root=$$(vm/image-root); \
+	programs=$$(vm/driver-programs); \
+	$(CARGO) build --release --locked --bin localvol; \
+	cp $(BIN) "$$dir/localvol"; \
+	start=$$(date +%s); \
+	rc=0; \
+	VM_PASS_ENV="RUST_LOG" vm/run --mem 1536 --timeout $(IMAGE_TEST_TIMEOUT) -- \
+		vm/guest-image "$$root" "$$dir/localvol" $$programs || rc=$$?; \
+	echo "test-image: VM run took $$(($$(date +%s) - start)) s, exit $$rc"; \
 	exit $$rc
 
 # LVM volume lifecycles in the VM: localvol (thick and thin pool) beside the bare

@@ -10,9 +10,9 @@ use crate::config::Config;
 use crate::discovery::node::StaticPool;
 use crate::discovery::StaticError;
 use crate::error::blocking;
-use crate::ids::{check_node_id, truncate, InvalidName, ParsedId, VolumeId};
+use crate::ids::{check_node_id, truncate, InvalidName, ParsedId, PoolName, VolumeId};
 use crate::locks::{Busy, VolumeGuard, VolumeLocks};
-use crate::pool::{Pool, PoolError, Pools, Volume};
+use crate::pool::{Health, Pool, PoolError, Pools, Unusable, Volume};
 
 /// What went wrong opening the driver, finding a volume or taking its lock.
 #[derive(Debug, thiserror::Error)]
@@ -34,6 +34,22 @@ pub enum DriverError {
 }
 
 type Result<T, E = DriverError> = std::result::Result<T, E>;
+
+/// Pools that cannot serve, and why: the node is not healthy.
+#[derive(Debug)]
+pub struct Unhealthy(pub Vec<(PoolName, Unusable)>);
+
+impl std::fmt::Display for Unhealthy {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        for (i, (pool, why)) in self.0.iter().enumerate() {
+            let sep = if i == 0 { "" } else { "; " };
+            write!(f, "{sep}pool {pool}: {why}")?;
+        }
+        Ok(())
+    }
+}
+
+impl std::error::Error for Unhealthy {}
 
 pub use crate::ids::TOPOLOGY_KEY;
 
@@ -92,14 +108,20 @@ impl Driver {
         }))
     }
 
-    /// Ready when every pool passes its check: what Probe and `/readyz` say.
-    pub async fn readiness(&self) -> std::result::Result<(), String> {
+    /// Every pool's health, in config order: `Err` names each pool that
+    /// cannot serve and why (Probe, `/readyz`).
+    pub async fn health(&self) -> std::result::Result<(), Unhealthy> {
+        let mut bad = Vec::new();
         for pool in self.pools.iter() {
-            if let Err(e) = pool.check().await {
-                return Err(format!("pool {}: {e}", pool.name()));
+            if let Health::Unusable(why) = pool.health().await {
+                bad.push((pool.name().clone(), why));
             }
         }
-        Ok(())
+        if bad.is_empty() {
+            Ok(())
+        } else {
+            Err(Unhealthy(bad))
+        }
     }
 
     /// Finds a volume by a request's id. `Ok(None)` when it does not exist
@@ -174,6 +196,6 @@ impl crate::metrics::Source for Driver {
     }
 
     async fn readiness(&self) -> std::result::Result<(), String> {
-        Driver::readiness(self).await
+        self.health().await.map_err(|e| e.to_string())
     }
 }

@@ -309,9 +309,28 @@ pub fn decode_tag_value(s: &str) -> Option<String> {
     String::from_utf8(bytes).ok()
 }
 
+/// Settings every lvm command of the driver gets on its command line
+/// (`--config`, which takes precedence over lvm.conf). `monitoring = 0`:
+/// activating or creating an LV must not start a `dmeventd` inside the
+/// driver's container (it would die with the container, or fight the host's
+/// over its FIFOs in the shared `/run`); the host's own lvm monitors what
+/// it activates. The image cannot carry this in an lvm.conf of its own: the
+/// container sees the host's `/etc/lvm`.
+pub const LVM_CONFIG: &str = "activation { monitoring = 0 }";
+
+/// The arguments of `lvm`: the subcommand first, then [`LVM_CONFIG`], then
+/// the command's own arguments.
+pub fn command_args(args: Vec<String>) -> Vec<String> {
+    let mut it = args.into_iter();
+    let mut out: Vec<String> = it.next().into_iter().collect();
+    out.extend(["--config".to_owned(), LVM_CONFIG.to_owned()]);
+    out.extend(it);
+    out
+}
+
 async fn run(args: Vec<String>) -> Result<String, LvmError> {
     Cmd::new("lvm")
-        .args(args)
+        .args(command_args(args))
         .env("LVM_SUPPRESS_FD_WARNINGS", "1")
         .timeout(LVM_TIMEOUT)
         .run()
@@ -476,6 +495,39 @@ pub async fn delete_tag(lv_path: &str, tag: &str) -> Result<(), LvmError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn every_lvm_command_turns_dmeventd_monitoring_off() {
+        let create = lvcreate_args(
+            "vg",
+            "lv-a",
+            &[],
+            NewLv::Thin {
+                pool: "tp",
+                size: 1 << 20,
+            },
+        );
+        for args in [
+            create,
+            report_args("vgs", VG_FIELDS),
+            vec![
+                "lvchange".into(),
+                "--activate".into(),
+                "y".into(),
+                "vg/lv".into(),
+            ],
+        ] {
+            let sub = args[0].clone();
+            let full = command_args(args.clone());
+            assert_eq!(full[0], sub, "{full:?}");
+            assert_eq!(
+                full[1..3],
+                ["--config", "activation { monitoring = 0 }"],
+                "{full:?}"
+            );
+            assert_eq!(full[3..], args[1..], "{full:?}");
+        }
+    }
 
     const LVS_THICK: &str = include_str!("../tests/fixtures/lvm/lvs-thick.json");
     const VGS_THICK: &str = include_str!("../tests/fixtures/lvm/vgs-thick.json");

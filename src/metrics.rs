@@ -222,7 +222,7 @@ pub async fn render(pools: &Pools) -> String {
             pool: pool.name().to_string(),
             backend: pool.backend(),
         };
-        let ready = pool.check().await.is_ok();
+        let ready = pool.health().await.is_ready();
         m.pool_ready.get_or_create(&labels).set(i64::from(ready));
         let (Ok(cap), Ok(vols)) = (pool.capacity().await, pool.list().await) else {
             continue;

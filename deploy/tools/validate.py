@@ -60,7 +60,9 @@ SIDECARS = {
             "csi-address": "/csi/csi.sock", "node-deployment": None,
             "feature-gates": "Topology=true", "strict-topology": None,
             "immediate-topology": "false", "enable-capacity": None,
-            "capacity-ownerref-level": "1", "extra-create-metadata": None,
+            # 0: the objects are owned by the provisioner's own pod (POD_NAME,
+            # NAMESPACE), so they go when a node loses its plugin pod.
+            "capacity-ownerref-level": "0", "extra-create-metadata": None,
         },
         "forbidden": {"leader-election"},  # node deployment: every instance works
         "env": {"NODE_NAME": "spec.nodeName", "NAMESPACE": "metadata.namespace",
@@ -111,75 +113,213 @@ SIDECARS = {
     },
     "livenessprobe": {
         "tag": "v2.15.0",
-        "flags": {"csi-address", "health-port", "v"},
+        # cmd/livenessprobe/main.go: --health-port and --metrics-address are
+        # deprecated (and exclusive with --http-endpoint).
+        "flags": {"csi-address", "http-endpoint", "probe-timeout", "metrics-path", "v"},
         "feature_gates": set(),
-        "required": {"csi-address": "/csi/csi.sock", "health-port": None},
-        "forbidden": set(),
+        "required": {"csi-address": "/csi/csi.sock", "http-endpoint": None},
+        "forbidden": {"health-port", "metrics-address"},
         "env": {},
     },
 }
 
-# RBAC each role must grant, exactly: (apiGroup, resource) -> verbs. Taken from
-# the sidecars' own deploy/kubernetes/rbac.yaml of the pinned releases,
-# without the rules those files mark as conditional on something this
-# deployment does not use (see deploy/README.md, "RBAC").
-RBAC = {
-    ("ClusterRole", "provisioner"): {
-        ("", "persistentvolumes"): {"get", "list", "watch", "create", "patch", "delete"},
-        ("", "persistentvolumeclaims"): {"get", "list", "watch", "update"},
-        ("storage.k8s.io", "storageclasses"): {"get", "list", "watch"},
-        ("", "events"): {"list", "watch", "create", "update", "patch"},
-        ("snapshot.storage.k8s.io", "volumesnapshots"): {"get", "list"},
-        ("snapshot.storage.k8s.io", "volumesnapshotcontents"): {"get", "list"},
-        ("storage.k8s.io", "csinodes"): {"get", "list", "watch"},
-        ("", "nodes"): {"get", "list", "watch"},
-    },
-    ("Role", "provisioner"): {
-        ("storage.k8s.io", "csistoragecapacities"): {"get", "list", "watch", "create", "update", "patch", "delete"},
-        ("", "pods"): {"get"},
-    },
-    ("ClusterRole", "resizer"): {
-        ("", "persistentvolumes"): {"get", "list", "watch", "patch"},
-        ("", "persistentvolumeclaims"): {"get", "list", "watch"},
-        ("", "persistentvolumeclaims/status"): {"patch"},
-        ("", "events"): {"list", "watch", "create", "update", "patch"},
-        ("storage.k8s.io", "volumeattributesclasses"): {"get", "list", "watch"},
-    },
-    ("Role", "resizer"): {
-        ("coordination.k8s.io", "leases"): {"get", "watch", "list", "delete", "update", "create"},
-    },
-    ("ClusterRole", "snapshotter"): {
-        ("", "events"): {"list", "watch", "create", "update", "patch"},
-        ("snapshot.storage.k8s.io", "volumesnapshotclasses"): {"get", "list", "watch"},
-        ("snapshot.storage.k8s.io", "volumesnapshotcontents"): {"create", "get", "list", "watch", "update", "patch"},
-        ("snapshot.storage.k8s.io", "volumesnapshotcontents/status"): {"update", "patch"},
-    },
+# What each pinned sidecar's own RBAC grants upstream, per release:
+# (kind, apiGroup, resource) -> verbs. Written down from
+# kubernetes-csi/external-provisioner deploy/kubernetes/rbac.yaml,
+# external-resizer deploy/kubernetes/rbac.yaml and external-snapshotter
+# deploy/kubernetes/csi-snapshotter/rbac-csi-snapshotter.yaml (rules that are
+# commented out there, such as secrets, are not grants). node-driver-registrar
+# and livenessprobe do not call the API server. A sidecar tag that is not the
+# one written here fails the check: bump the table with the image.
+UPSTREAM_RBAC = {
+    "csi-provisioner": ("v5.2.0", "provisioner", {
+        ("ClusterRole", "", "persistentvolumes"): {"get", "list", "watch", "create", "patch", "delete"},
+        ("ClusterRole", "", "persistentvolumeclaims"): {"get", "list", "watch", "update"},
+        ("ClusterRole", "storage.k8s.io", "storageclasses"): {"get", "list", "watch"},
+        ("ClusterRole", "", "events"): {"list", "watch", "create", "update", "patch"},
+        ("ClusterRole", "snapshot.storage.k8s.io", "volumesnapshots"): {"get", "list"},
+        ("ClusterRole", "snapshot.storage.k8s.io", "volumesnapshotcontents"): {"get", "list"},
+        ("ClusterRole", "storage.k8s.io", "csinodes"): {"get", "list", "watch"},
+        ("ClusterRole", "", "nodes"): {"get", "list", "watch"},
+        ("ClusterRole", "storage.k8s.io", "volumeattachments"): {"get", "list", "watch"},
+        ("Role", "coordination.k8s.io", "leases"): {"get", "watch", "list", "delete", "update", "create"},
+        ("Role", "storage.k8s.io", "csistoragecapacities"): {"get", "list", "watch", "create", "update", "patch", "delete"},
+        ("Role", "", "pods"): {"get"},
+        ("Role", "apps", "replicasets"): {"get"},
+    }),
+    "csi-resizer": ("v1.13.1", "resizer", {
+        ("ClusterRole", "", "persistentvolumes"): {"get", "list", "watch", "patch"},
+        ("ClusterRole", "", "persistentvolumeclaims"): {"get", "list", "watch"},
+        ("ClusterRole", "", "pods"): {"get", "list", "watch"},
+        ("ClusterRole", "", "persistentvolumeclaims/status"): {"patch"},
+        ("ClusterRole", "", "events"): {"list", "watch", "create", "update", "patch"},
+        ("ClusterRole", "storage.k8s.io", "volumeattributesclasses"): {"get", "list", "watch"},
+        ("Role", "coordination.k8s.io", "leases"): {"get", "watch", "list", "delete", "update", "create"},
+    }),
+    "csi-snapshotter": ("v8.2.0", "snapshotter", {
+        ("ClusterRole", "", "events"): {"list", "watch", "create", "update", "patch"},
+        ("ClusterRole", "snapshot.storage.k8s.io", "volumesnapshotclasses"): {"get", "list", "watch"},
+        ("ClusterRole", "snapshot.storage.k8s.io", "volumesnapshotcontents"): {"create", "get", "list", "watch", "update", "patch"},
+        ("ClusterRole", "snapshot.storage.k8s.io", "volumesnapshotcontents/status"): {"update", "patch"},
+        ("ClusterRole", "groupsnapshot.storage.k8s.io", "volumegroupsnapshotclasses"): {"get", "list", "watch"},
+        ("ClusterRole", "groupsnapshot.storage.k8s.io", "volumegroupsnapshotcontents"): {"get", "list", "watch", "update", "patch"},
+        ("ClusterRole", "groupsnapshot.storage.k8s.io", "volumegroupsnapshotcontents/status"): {"update", "patch"},
+        ("Role", "coordination.k8s.io", "leases"): {"get", "watch", "list", "delete", "update", "create"},
+    }),
 }
-# localvol's own roles: exactly the API calls of its code (grep Api:: in
-# src/controller/, src/discovery/ and src/orphans.rs). kube-runtime's watcher lists and
-# watches; the events Recorder creates events.k8s.io Events and patches them
-# when an event repeats; cluster-scoped objects' Events go to "default", so
-# the Event rule is cluster-wide.
-RBAC.update({
-    # src/controller/mod.rs + lease.rs (`localvol controller`).
-    ("ClusterRole", "controller"): {
-        ("", "nodes"): {"get", "list", "watch"},                 # reflector
-        # reflector, delete_lost_pv, release_finalizer (JSON patch)
-        ("", "persistentvolumes"): {"get", "list", "watch", "delete", "patch"},
-        ("", "persistentvolumeclaims"): {"get", "delete"},       # get_opt, delete (claimRef namespace)
-        ("storage.k8s.io", "storageclasses"): {"get"},           # claim_opted_in get_opt
-        ("storage.k8s.io", "csistoragecapacities"): {"list", "delete"},  # Api::all list, delete in its namespace
-        ("events.k8s.io", "events"): {"create", "patch"},        # Recorder
-    },
-    ("Role", "controller"): {
-        ("coordination.k8s.io", "leases"): {"get", "create", "update"},  # get_opt, create, replace
-    },
-    # src/discovery/k8s.rs (Discoverer) + src/orphans.rs, run by `localvol serve`.
-    ("ClusterRole", "discovery"): {
-        ("", "persistentvolumes"): {"get", "list", "watch", "create", "delete"},
-        ("events.k8s.io", "events"): {"create", "patch"},
-    },
-})
+# Upstream grants this deployment leaves out, each because the sidecar, as
+# run here, never makes that call (deploy/README.md, "RBAC"): (sidecar, kind,
+# apiGroup, resource) -> (verbs left out, None for all; why).
+NOT_GRANTED = {
+    ("csi-provisioner", "ClusterRole", "storage.k8s.io", "volumeattachments"):
+        (None, "watched only for drivers with PUBLISH_UNPUBLISH_VOLUME; localvol attaches nothing"),
+    ("csi-provisioner", "Role", "coordination.k8s.io", "leases"):
+        (None, "no leader election with --node-deployment"),
+    ("csi-provisioner", "Role", "apps", "replicasets"):
+        (None, "only for --capacity-ownerref-level=2 (a Deployment); level 0 reads the pod alone"),
+    ("csi-resizer", "ClusterRole", "", "pods"):
+        (None, "watched only with --handle-volume-inuse-error=true"),
+    ("csi-snapshotter", "ClusterRole", "snapshot.storage.k8s.io", "volumesnapshotcontents"):
+        ({"create"}, "the sidecar created contents only for group-snapshot members (the "
+                     "CSIVolumeGroupSnapshot gate, off here); since v8.2.0 the snapshot-controller does"),
+    ("csi-snapshotter", "ClusterRole", "groupsnapshot.storage.k8s.io", "volumegroupsnapshotclasses"):
+        (None, "only with --feature-gates=CSIVolumeGroupSnapshot=true"),
+    ("csi-snapshotter", "ClusterRole", "groupsnapshot.storage.k8s.io", "volumegroupsnapshotcontents"):
+        (None, "only with --feature-gates=CSIVolumeGroupSnapshot=true"),
+    ("csi-snapshotter", "ClusterRole", "groupsnapshot.storage.k8s.io", "volumegroupsnapshotcontents/status"):
+        (None, "only with --feature-gates=CSIVolumeGroupSnapshot=true"),
+    ("csi-snapshotter", "Role", "coordination.k8s.io", "leases"):
+        (None, "no leader election with --node-deployment"),
+}
+
+
+def sidecar_rbac():
+    """(kind, role) -> {(apiGroup, resource): verbs}: upstream minus NOT_GRANTED."""
+    out = {}
+    for sidecar, (_, role, rules) in UPSTREAM_RBAC.items():
+        for (kind, group, resource), verbs in rules.items():
+            drop = NOT_GRANTED.get((sidecar, kind, group, resource))
+            keep = set(verbs) if drop is None else (set() if drop[0] is None else set(verbs) - drop[0])
+            if keep:
+                out.setdefault((kind, role), {})[(group, resource)] = keep
+    for key in NOT_GRANTED:
+        if (key[1], key[2], key[3]) not in UPSTREAM_RBAC[key[0]][2]:
+            raise SystemExit(f"validate.py: NOT_GRANTED {key} is not an upstream rule")
+    return out
+
+
+RBAC = sidecar_rbac()
+
+# localvol's own roles are derived from its code (code_rbac below): the
+# kube API calls of src/controller/ (`localvol controller`), of
+# src/discovery/ and src/orphans.rs (`localvol serve` with discovery/orphans),
+# and of src/k8s/room.rs (`localvol serve`: ControllerExpandVolume, which
+# the resizer calls, reads a remote volume's PV and capacity).
+CODE_ROLES = {
+    "controller": ["src/controller"],
+    "discovery": ["src/discovery", "src/orphans.rs"],
+    "expansion": ["src/k8s/room.rs"],
+}
+# k8s-openapi type -> (apiGroup, resource).
+KUBE_TYPES = {
+    "Node": ("", "nodes"),
+    "PersistentVolume": ("", "persistentvolumes"),
+    "PersistentVolumeClaim": ("", "persistentvolumeclaims"),
+    "StorageClass": ("storage.k8s.io", "storageclasses"),
+    "CSIStorageCapacity": ("storage.k8s.io", "csistoragecapacities"),
+    "Lease": ("coordination.k8s.io", "leases"),
+}
+# Granted by a Role in the release namespace instead of the ClusterRole, by
+# role: the controller's Lease (--lease-namespace=$(POD_NAMESPACE)); the
+# CSIStorageCapacities expansion reads (Api::default_namespaced: the pod's
+# own namespace, where its provisioner writes them).
+NAMESPACED_TYPES = {("controller", "Lease"), ("expansion", "CSIStorageCapacity")}
+# kube::Api methods -> the verb each request needs.
+API_VERBS = {
+    "get": "get", "get_opt": "get", "get_metadata": "get", "get_metadata_opt": "get",
+    "list": "list", "list_metadata": "list", "watch": "watch", "watch_metadata": "watch",
+    "create": "create", "replace": "update", "replace_status": "update",
+    "patch": "patch", "patch_status": "patch", "patch_metadata": "patch",
+    "delete": "delete", "delete_collection": "deletecollection",
+}
+
+
+def rust_code(path):
+    """A Rust file without its test module and `//` comments (as
+    tests/architecture.rs reads sources)."""
+    lines = open(path).read().splitlines()
+    end = next((i for i in range(len(lines)) if lines[i].strip() == "#[cfg(test)]"
+                and i + 1 < len(lines) and "mod " in lines[i + 1]
+                and lines[i + 1].rstrip().endswith("{")), len(lines))
+    return "\n".join(l for l in lines[:end] if not l.lstrip().startswith("//"))
+
+
+def code_rbac():
+    """(kind, role) -> {(apiGroup, resource): verbs} from the API calls in
+    CODE_ROLES' files, and a list of calls it could not read (each a failure:
+    teach this function the new call rather than trusting a table)."""
+    out, unknown = {}, []
+    for role, roots in CODE_ROLES.items():
+        files = []
+        for r in roots:
+            full = os.path.join(REPO, r)
+            files += [full] if full.endswith(".rs") else sorted(glob.glob(os.path.join(full, "**", "*.rs"), recursive=True))
+        for f in files:
+            if os.path.basename(f) == "tests.rs":
+                continue
+            rel = os.path.relpath(f, REPO)
+            # Chained calls on the next line join their receiver.
+            code = re.sub(r"\s*\n\s*\.", ".", rust_code(f))
+            decls = [(m.start(), m.group(1), m.group(2))
+                     for m in re.finditer(r"\b(\w+)\s*:\s*&?\s*Api<(\w+)>", code)]
+
+            def grant(ty, verbs, where):
+                if ty not in KUBE_TYPES:
+                    unknown.append(f"{rel}: Api<{ty}> ({where}): add it to KUBE_TYPES")
+                    return
+                kind = "Role" if (role, ty) in NAMESPACED_TYPES else "ClusterRole"
+                out.setdefault((kind, role), {}).setdefault(KUBE_TYPES[ty], set()).update(verbs)
+
+            def type_of(name, pos):
+                found = [ty for p, n, ty in decls if n == name and p < pos]
+                return found[-1] if found else None
+            for m in re.finditer(r"(?:self\.)?\b(\w+)\.(\w+)\(", code):
+                ty = type_of(m.group(1), m.start())
+                if ty is None:
+                    continue
+                method = m.group(2)
+                if method in ("clone", "into", "as_ref"):
+                    continue
+                if method not in API_VERBS:
+                    unknown.append(f"{rel}: {m.group(0)} on Api<{ty}>: add the method to API_VERBS")
+                    continue
+                grant(ty, {API_VERBS[method]}, m.group(0))
+            for m in re.finditer(r"Api::<(\w+)>::\w+\([^()]*(?:\([^()]*\))?[^()]*\)\.(\w+)\(", code):
+                if m.group(2) not in API_VERBS:
+                    unknown.append(f"{rel}: {m.group(0)}: add the method to API_VERBS")
+                    continue
+                grant(m.group(1), {API_VERBS[m.group(2)]}, m.group(0))
+            # kube-runtime's watcher lists, then watches.
+            for m in re.finditer(r"\bwatcher\(\s*(?:Api::<(\w+)>|(?:self\.)?(\w+))", code):
+                ty = m.group(1) or type_of(m.group(2), m.start())
+                if ty is None:
+                    unknown.append(f"{rel}: {m.group(0)}: the watched Api's type is not declared")
+                    continue
+                grant(ty, {"list", "watch"}, m.group(0))
+            # kube-runtime's events Recorder creates events.k8s.io Events and
+            # patches them when an event repeats; PV Events go to "default".
+            if re.search(r"\bRecorder::new\(", code):
+                out.setdefault(("ClusterRole", role), {}).setdefault(
+                    ("events.k8s.io", "events"), set()).update({"create", "patch"})
+    for role in CODE_ROLES:
+        if ("ClusterRole", role) not in out:
+            unknown.append(f"no API call found for role {role} in {CODE_ROLES[role]}")
+    return out, unknown
+
+
+CODE_RBAC, CODE_RBAC_UNKNOWN = code_rbac()
+RBAC.update(CODE_RBAC)
+
 # Which role a sidecar container needs.
 ROLE_OF_SIDECAR = {"csi-provisioner": "provisioner", "csi-resizer": "resizer",
                    "csi-snapshotter": "snapshotter"}
@@ -674,13 +814,16 @@ def check_localvol(render, ds, docs, help_info):
         def probe_port(probe):
             p = (c.get(probe) or {}).get("httpGet", {}).get("port")
             return ports.get(p) if isinstance(p, str) else p
-        lp, rp = c.get("livenessProbe", {}), c.get("readinessProbe", {})
-        R.check(ports.get("metrics") == port and probe_port("livenessProbe") == port
-                and probe_port("readinessProbe") == port
-                and lp.get("httpGet", {}).get("path") == "/healthz"
+        rp = c.get("readinessProbe", {})
+        R.check(ports.get("metrics") == port and probe_port("readinessProbe") == port
                 and rp.get("httpGet", {}).get("path") == "/readyz",
                 f"{render}: metrics port {port} is the container port 'metrics' and "
-                f"serves the liveness (/healthz) and readiness (/readyz) probes")
+                f"serves the readiness probe (/readyz)")
+        # Liveness must not be the driver's own /healthz, which answers as long
+        # as the process runs: see check_sidecars (the liveness-probe sidecar).
+        R.check(probe_port("livenessProbe") != port,
+                f"{render}: localvol's livenessProbe is not its own metrics port {port} "
+                "(which answers while the gRPC server hangs)")
     return c, cfg, socket_vol
 
 
@@ -736,10 +879,33 @@ def check_sidecars(render, ds, localvol, socket_vol, kubelet_dir):
                     f"through {kubelet_dir}/plugins_registry",
                     f"path={given.get('kubelet-registration-path')}, socket dir={sockhost}, registration={reg}")
         if name == "livenessprobe" and localvol:
-            sp = (localvol.get("startupProbe") or {}).get("httpGet", {}).get("port")
-            R.check(str(sp) == given.get("health-port"),
-                    f"{render}: localvol's startupProbe asks the liveness-probe sidecar "
-                    f"(port {given.get('health-port')})", f"startupProbe port {sp}")
+            # kubelet restarts the driver when the sidecar's /healthz (CSI
+            # Probe over the socket) fails: both probes must ask it there.
+            ep = given.get("http-endpoint") or ""
+            want = ep.rsplit(":", 1)[-1] if ":" in ep else None
+            bad = []
+            for probe in ("startupProbe", "livenessProbe"):
+                hg = (localvol.get(probe) or {}).get("httpGet", {})
+                if str(hg.get("port")) != want or hg.get("path") != "/healthz":
+                    bad.append(f"{probe} {hg.get('path')}:{hg.get('port')}")
+            timeout = (localvol.get("livenessProbe") or {}).get("timeoutSeconds", 1)
+            pt = given.get("probe-timeout", "1s")
+            m = re.match(r"^(\d+)s$", pt or "")
+            if not m or int(m.group(1)) >= timeout:
+                bad.append(f"--probe-timeout={pt} is not below the livenessProbe timeoutSeconds {timeout}")
+            R.check(want is not None and not bad,
+                    f"{render}: localvol's startup and liveness probes ask the liveness-probe "
+                    f"sidecar's /healthz on its --http-endpoint ({ep})", "; ".join(bad))
+    if socket_vol:
+        # On SELinux nodes the privileged driver runs as spc_t and its socket
+        # is out of reach of a confined (container_t) sidecar: every
+        # unprivileged container on the socket runs as spc_t too.
+        bad = [c["name"] for c in pod["containers"]
+               if any(m["name"] == socket_vol["name"] for m in c.get("volumeMounts", []))
+               and not (c.get("securityContext") or {}).get("privileged")
+               and ((c.get("securityContext") or {}).get("seLinuxOptions") or {}).get("type") != "spc_t"]
+        R.check(not bad, f"{render}: every unprivileged container on the socket runs as SELinux "
+                "type spc_t", f"not: {', '.join(bad)}")
     for required in ("csi-provisioner", "csi-resizer", "csi-node-driver-registrar", "livenessprobe"):
         R.check(required in seen, f"{render}: DaemonSet runs {required}")
     ports = [p["containerPort"] for c in pod["containers"] for p in c.get("ports", [])]
@@ -762,7 +928,7 @@ def check_rbac(render, docs, ds, sidecars, api_user=False, controller=None):
                 f"{render}: the controller has its own ServiceAccount {ns}/{csa}")
     roles = {}
     for d in by_kind(docs, "ClusterRole") + by_kind(docs, "Role"):
-        m = re.search(r"-(provisioner|resizer|snapshotter|controller|discovery)$", d["metadata"]["name"])
+        m = re.search(r"-(provisioner|resizer|snapshotter|controller|discovery|expansion)$", d["metadata"]["name"])
         if not R.check(m is not None, f"{render}: {d['kind']} {d['metadata']['name']} is a known role"):
             continue
         key = (d["kind"], m.group(1))
@@ -780,13 +946,22 @@ def check_rbac(render, docs, ds, sidecars, api_user=False, controller=None):
                             f"expected {sorted(want.get(gr, []))}")
         if d["kind"] == "Role":
             diff += [] if d["metadata"].get("namespace") == ns else [f"namespace {d['metadata'].get('namespace')}"]
-        R.check(not diff, f"{render}: {d['kind']} {d['metadata']['name']} grants exactly the documented rules",
+        R.check(not diff, f"{render}: {d['kind']} {d['metadata']['name']} grants exactly what its callers use (upstream sidecar RBAC less NOT_GRANTED; localvol's API calls)",
                 "; ".join(diff))
+    for name, c in sidecars.items():
+        if name in UPSTREAM_RBAC:
+            tag, role, _ = UPSTREAM_RBAC[name]
+            R.check(image_parts(c["image"])[1] == tag,
+                    f"{render}: {name}'s RBAC table is for the pinned {tag}",
+                    f"image {c['image']}: write down that release's upstream RBAC in UPSTREAM_RBAC")
     needed = {("ClusterRole", ROLE_OF_SIDECAR[s]) for s in sidecars if s in ROLE_OF_SIDECAR}
     needed |= {("Role", "provisioner")} if "csi-provisioner" in sidecars else set()
     leader = "csi-resizer" in sidecars and any(
         a.startswith("--leader-election") for a in sidecars["csi-resizer"].get("args", []))
     needed |= {("Role", "resizer")} if leader else set()
+    # The resizer is what calls ControllerExpandVolume, which reads for the
+    # room check.
+    needed |= {("ClusterRole", "expansion"), ("Role", "expansion")} if "csi-resizer" in sidecars else set()
     needed |= {("ClusterRole", "discovery")} if api_user else set()
     needed |= {("ClusterRole", "controller"), ("Role", "controller")} if controller is not None else set()
     R.check(set(roles) == needed, f"{render}: roles match the sidecars present ({len(needed)})",
@@ -807,6 +982,39 @@ def check_rbac(render, docs, ds, sidecars, api_user=False, controller=None):
     unbound = [f"{r['kind']} {r['metadata']['name']}" for r in roles.values()
                if (r["kind"], r["metadata"]["name"]) not in bound]
     R.check(not unbound, f"{render}: every role is bound", ", ".join(unbound))
+
+
+def check_cluster_defaults(render, docs, ds, controller, shipped):
+    """Defaults that hold up on clusters other than the authors'."""
+    pod = ds["spec"]["template"]["spec"]
+    # Own PriorityClass: the system-* classes are admitted only in kube-system
+    # on some managed clusters (a quota scoped to them elsewhere).
+    pcn = pod.get("priorityClassName")
+    classes = {d["metadata"]["name"]: d for d in by_kind(docs, "PriorityClass")}
+    ok = (pcn is None or not pcn.startswith("system-")) and (not shipped or pcn in classes)
+    R.check(ok and set(classes) <= ({pcn} if pcn else set()),
+            f"{render}: the node plugin's PriorityClass is its own ({pcn}), not a system-* class",
+            f"priorityClassName {pcn!r}, PriorityClasses rendered {sorted(classes)}")
+    for pc in classes.values():
+        v = pc.get("value")
+        R.check(pc.get("globalDefault") is not True and isinstance(v, int) and 0 < v <= 1000000000,
+                f"{render}: PriorityClass {pc['metadata']['name']} is no global default, "
+                f"value {pc.get('value')} in 1..1e9 (user classes)")
+    # Linux nodes only: the images are linux binaries.
+    for what, spec in (("DaemonSet", pod),
+                       ("controller Deployment", controller["spec"]["template"]["spec"] if controller else None)):
+        if spec is not None:
+            sel = spec.get("nodeSelector") or {}
+            R.check(sel.get("kubernetes.io/os") == "linux",
+                    f"{render}: {what} selects kubernetes.io/os=linux nodes", f"nodeSelector {sel}")
+    if shipped:
+        # The dir pool sits on the node's root filesystem: a claim naming no
+        # class must not land there unless the admin says so.
+        defaults = [d["metadata"]["name"] for d in by_kind(docs, "StorageClass")
+                    if (d["metadata"].get("annotations") or {}).get(
+                        "storageclass.kubernetes.io/is-default-class") == "true"]
+        R.check(not defaults, f"{render}: no StorageClass is made the cluster's default",
+                f"default: {defaults}")
 
 
 def check_classes(render, docs, pools, sidecars, shipped, static_classes=frozenset()):
@@ -899,6 +1107,7 @@ def check_render(render, path, help_info, fields, shipped, chelp=None):
     controller = check_controller(render, docs, chelp)
     R.check(controller is not None or not shipped, f"{render}: the controller Deployment is deployed")
     check_rbac(render, docs, ds, sidecars, api_user, controller)
+    check_cluster_defaults(render, docs, ds, controller, shipped)
     check_classes(render, docs, pools, sidecars, shipped, static)
     return docs
 
@@ -1091,6 +1300,12 @@ def main():
     for pair in a.parity:
         kname, hname = pair.split("=")
         check_parity(kname, docs[kname], hname, docs[hname])
+    R.section("RBAC from the code")
+    R.check(not CODE_RBAC_UNKNOWN, "every kube API call of src/controller/, src/discovery/, src/orphans.rs and "
+            "src/k8s/room.rs maps to RBAC verbs: " + "; ".join(
+                f"{k[0]} {k[1]}: " + ", ".join(f"{g or 'core'}/{r} {sorted(v)}" for (g, r), v in sorted(rules.items()))
+                for k, rules in sorted(CODE_RBAC.items())),
+            "; ".join(CODE_RBAC_UNKNOWN))
     R.section("coverage")
     # The /dev mount of Block discovery must be checked where no LVM pool
     # brings /dev in anyway.

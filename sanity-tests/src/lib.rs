@@ -32,6 +32,9 @@ use tonic::{Code, Response, Status};
 
 pub use localvol::csi::volume_capability::access_mode::Mode as AccessMode;
 
+mod lvm_fx;
+pub use lvm_fx::LvmFx;
+
 /// The topology key every localvol volume and node carries.
 pub const TOPOLOGY_KEY: &str = "topology.localvol.csi.dev/node";
 /// The node id drivers get unless a test picks another.

@@ -270,13 +270,35 @@ async fn create_checks_topology_requirements() {
     }
 }
 
+/// Every request is INVALID_ARGUMENT, and none leaves a volume behind.
 #[tokio::test]
 async fn create_rejects_unsupported_requests() {
     let d = Driver::start_default().await;
-    let with_caps = |caps: Vec<csi::VolumeCapability>| csi::CreateVolumeRequest {
+    let cases = unsupported_capabilities()
+        .into_iter()
+        .chain(unsupported_parameters_and_sources());
+    for (what, r) in cases {
+        assert_code(
+            what,
+            d.controller().create_volume(r).await,
+            Code::InvalidArgument,
+        );
+    }
+    assert!(d.list_all().await.is_empty());
+    assert!(d.volume_dirs("default").is_empty());
+}
+
+/// The volume "x" with these capabilities.
+fn with_caps(caps: Vec<csi::VolumeCapability>) -> csi::CreateVolumeRequest {
+    csi::CreateVolumeRequest {
         volume_capabilities: caps,
         ..create_req("x")
-    };
+    }
+}
+
+/// CreateVolume requests with capabilities the driver refuses: block (on this
+/// dir pool), none, or a multi-node access mode (alone or among others).
+fn unsupported_capabilities() -> Vec<(&'static str, csi::CreateVolumeRequest)> {
     use AccessMode as M;
     let mut cases = vec![
         (
@@ -303,27 +325,36 @@ async fn create_rejects_unsupported_requests() {
             with_caps(vec![mount_cap(M::SingleNodeWriter), mount_cap(m)]),
         ));
     }
-    cases.push((
-        "unknown parameter",
-        csi::CreateVolumeRequest {
-            parameters: params(&[("colour", "blue")]),
-            ..create_req("x")
-        },
-    ));
-    cases.push((
-        "unknown pool",
-        csi::CreateVolumeRequest {
-            parameters: params(&[("pool", "nope")]),
-            ..create_req("x")
-        },
-    ));
-    cases.push((
-        "invalid pool name",
-        csi::CreateVolumeRequest {
-            parameters: params(&[("pool", "Not_A_Pool")]),
-            ..create_req("x")
-        },
-    ));
+    cases
+}
+
+/// CreateVolume requests with an unknown parameter or pool, an invalid pool
+/// name, a content source (snapshot or volume: none on a dir pool), mutable
+/// parameters, or no name.
+fn unsupported_parameters_and_sources() -> Vec<(&'static str, csi::CreateVolumeRequest)> {
+    let mut cases = vec![
+        (
+            "unknown parameter",
+            csi::CreateVolumeRequest {
+                parameters: params(&[("colour", "blue")]),
+                ..create_req("x")
+            },
+        ),
+        (
+            "unknown pool",
+            csi::CreateVolumeRequest {
+                parameters: params(&[("pool", "nope")]),
+                ..create_req("x")
+            },
+        ),
+        (
+            "invalid pool name",
+            csi::CreateVolumeRequest {
+                parameters: params(&[("pool", "Not_A_Pool")]),
+                ..create_req("x")
+            },
+        ),
+    ];
     for source in [
         csi::volume_content_source::Type::Snapshot(csi::volume_content_source::SnapshotSource {
             snapshot_id: "snap-1".into(),
@@ -350,15 +381,7 @@ async fn create_rejects_unsupported_requests() {
         },
     ));
     cases.push(("empty name", create_req("")));
-    for (what, r) in cases {
-        assert_code(
-            what,
-            d.controller().create_volume(r).await,
-            Code::InvalidArgument,
-        );
-    }
-    assert!(d.list_all().await.is_empty());
-    assert!(d.volume_dirs("default").is_empty());
+    cases
 }
 
 #[tokio::test]
@@ -924,18 +947,34 @@ fn expand_req(id: &str, required: i64, limit: i64) -> csi::ControllerExpandVolum
     }
 }
 
+async fn expand(
+    d: &Driver,
+    req: csi::ControllerExpandVolumeRequest,
+) -> Result<tonic::Response<csi::ControllerExpandVolumeResponse>, tonic::Status> {
+    d.controller().controller_expand_volume(req).await
+}
+
+/// ControllerExpandVolume on a 64 MiB pool, step by step: each step checks
+/// one behaviour on the 10 MiB volume "grow" and what the previous ones left.
 #[tokio::test]
 async fn controller_expand_volume() {
     let d = Driver::start(DriverOpts::with_pool(PoolOpts::new("p").capacity("64Mi"))).await;
     let v = d.create("grow", 10 * MI).await;
     let id = v.volume_id.as_str();
+    let grown = expand_grows_the_volume_and_the_pool_follows(&d, id).await;
+    expand_to_a_range_already_satisfied_changes_nothing(&d, id, grown).await;
+    expand_that_shrinks_or_outgrows_the_pool_is_out_of_range(&d, id).await;
+    d.create("other", 40 * MI).await;
+    expand_beyond_the_free_space_is_exhausted_and_keeps_the_size(&d, id).await;
+    expand_of_another_nodes_id_is_left_to_node_expansion(&d).await;
+    assert_eq!(d.list_all().await.len(), 2, "nothing was created");
+    expand_checks_its_request(&d, id).await;
+}
 
-    let r = ok(
-        "grow",
-        d.controller()
-            .controller_expand_volume(expand_req(id, 20 * MI, 0))
-            .await,
-    );
+/// 10 MiB to (at least) 20 MiB, no node expansion needed; ListVolumes and
+/// GetCapacity follow. Returns the new size.
+async fn expand_grows_the_volume_and_the_pool_follows(d: &Driver, id: &str) -> i64 {
+    let r = ok("grow", expand(d, expand_req(id, 20 * MI, 0)).await);
     assert!(r.capacity_bytes >= 20 * MI, "{r:?}");
     assert!(!r.node_expansion_required, "{r:?}");
     let listed = d.list_all().await;
@@ -945,44 +984,35 @@ async fn controller_expand_volume() {
         64 * MI - r.capacity_bytes,
         "the pool's accounting follows the expansion"
     );
+    r.capacity_bytes
+}
 
-    // Repeats and ranges the volume already satisfies.
+/// Repeats and ranges the volume already satisfies answer its size.
+async fn expand_to_a_range_already_satisfied_changes_nothing(d: &Driver, id: &str, size: i64) {
     for (req, lim) in [(20 * MI, 0), (20 * MI, 30 * MI), (5 * MI, 0)] {
-        let again = ok(
-            "expand again",
-            d.controller()
-                .controller_expand_volume(expand_req(id, req, lim))
-                .await,
-        );
-        assert_eq!(again.capacity_bytes, r.capacity_bytes, "({req}, {lim})");
+        let again = ok("expand again", expand(d, expand_req(id, req, lim)).await);
+        assert_eq!(again.capacity_bytes, size, "({req}, {lim})");
     }
-    for (what, req, code) in [
-        // Shrinking (a limit below the current size).
-        ("shrink", expand_req(id, 5 * MI, 5 * MI), Code::OutOfRange),
-        (
-            "shrink (limit only)",
-            expand_req(id, 0, 5 * MI),
-            Code::OutOfRange,
-        ),
-        // Beyond what the pool can ever hold, or has free.
-        (
-            "grow beyond the pool",
-            expand_req(id, 100 * MI, 0),
-            Code::OutOfRange,
-        ),
+}
+
+/// Shrinking (a limit below the current size), or growing beyond what the
+/// pool can ever hold, is OUT_OF_RANGE.
+async fn expand_that_shrinks_or_outgrows_the_pool_is_out_of_range(d: &Driver, id: &str) {
+    for (what, req) in [
+        ("shrink", expand_req(id, 5 * MI, 5 * MI)),
+        ("shrink (limit only)", expand_req(id, 0, 5 * MI)),
+        ("grow beyond the pool", expand_req(id, 100 * MI, 0)),
     ] {
-        assert_code(
-            what,
-            d.controller().controller_expand_volume(req).await,
-            code,
-        );
+        assert_code(what, expand(d, req).await, Code::OutOfRange);
     }
-    d.create("other", 40 * MI).await;
+}
+
+/// Growing beyond what the pool has free (40 MiB of it taken by "other") is
+/// RESOURCE_EXHAUSTED, and the volume keeps its 20 MiB.
+async fn expand_beyond_the_free_space_is_exhausted_and_keeps_the_size(d: &Driver, id: &str) {
     assert_code(
         "grow beyond the free space",
-        d.controller()
-            .controller_expand_volume(expand_req(id, 30 * MI, 0))
-            .await,
+        expand(d, expand_req(id, 30 * MI, 0)).await,
         Code::ResourceExhausted,
     );
     assert_eq!(
@@ -994,27 +1024,25 @@ async fn controller_expand_volume() {
             .capacity_bytes,
         20 * MI
     );
+}
 
-    // An id in localvol's format that is not here may live on another node
-    // (the resizer calls the driver on its own node): the answer leaves the
-    // size to NodeExpandVolume on the volume's node.
+/// An id in localvol's format that is not here may live on another node
+/// (the resizer calls the driver on its own node): the answer leaves the
+/// size to NodeExpandVolume on the volume's node.
+async fn expand_of_another_nodes_id_is_left_to_node_expansion(d: &Driver) {
     for elsewhere in [
         "p.0123456789abcdef0123456789abcdef",
         "nope.0123456789abcdef0123456789abcdef",
     ] {
         let r = ok(
             elsewhere,
-            d.controller()
-                .controller_expand_volume(expand_req(elsewhere, 20 * MI, 0))
-                .await,
+            expand(d, expand_req(elsewhere, 20 * MI, 0)).await,
         );
         assert!(r.node_expansion_required, "{elsewhere}: {r:?}");
         assert_eq!(r.capacity_bytes, 20 * MI, "{elsewhere}: {r:?}");
         let limit_only = ok(
             elsewhere,
-            d.controller()
-                .controller_expand_volume(expand_req(elsewhere, 0, 30 * MI))
-                .await,
+            expand(d, expand_req(elsewhere, 0, 30 * MI)).await,
         );
         assert_eq!(
             limit_only.capacity_bytes,
@@ -1022,10 +1050,13 @@ async fn controller_expand_volume() {
             "{elsewhere}: {limit_only:?}"
         );
     }
-    assert_eq!(d.list_all().await.len(), 2, "nothing was created");
+}
+
+/// A string that is not a localvol id names no volume anywhere (NOT_FOUND);
+/// a missing or inverted range, a negative size or no id is INVALID_ARGUMENT.
+async fn expand_checks_its_request(d: &Driver, id: &str) {
     let ia = Code::InvalidArgument;
     for (what, req, code) in [
-        // A string that is not a localvol id names no volume anywhere.
         ("foreign", expand_req("foreign", 20 * MI, 0), Code::NotFound),
         (
             "no capacity range",
@@ -1039,11 +1070,7 @@ async fn controller_expand_volume() {
         ("negative", expand_req(id, -1, 0), ia),
         ("empty id", expand_req("", 20 * MI, 0), ia),
     ] {
-        assert_code(
-            what,
-            d.controller().controller_expand_volume(req).await,
-            code,
-        );
+        assert_code(what, expand(d, req).await, code);
     }
 }
 

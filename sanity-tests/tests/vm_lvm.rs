@@ -5,8 +5,9 @@
 //! qemu guest (vm/README.md) with `--ignored --test-threads=1`. Each test makes
 //! its own volume group on a loop device over a sparse file on the guest's
 //! tmpfs ([`LoopVg`], removed on drop even when the test fails), starts the
-//! real `localvol serve` on one LVM pool, and runs against a thick pool and a
-//! thin pool (one test per scenario, `thick_and_thin::<scenario>`).
+//! real `localvol serve` on one LVM pool ([`LvmFx`], the fixture
+//! `vm_snapshots.rs` uses too), and runs against a thick pool and a thin pool
+//! (one test per scenario, `thick_and_thin::<scenario>`).
 //!
 //! Ground truth is checked with LVM's own tools (`lvs`, `vgs`, `blkid`), never
 //! through the driver.
@@ -19,15 +20,16 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use localvol::csi;
+use sanity_tests::LvmFx as Fx;
 use sanity_tests::LvmKind as Kind;
 use sanity_tests::*;
 use tonic::{Code, Response, Status};
 
 const GIB: u64 = 1 << 30;
 /// Every pool keeps this much back.
-const RESERVE: i64 = 64 * MI;
+const RESERVE: i64 = Fx::RESERVE;
 /// Thin pools offer twice their size.
-const THIN_RATIO: f64 = 2.0;
+const THIN_RATIO: f64 = Fx::THIN_RATIO;
 /// LVM's default extent size: volume sizes are multiples of it.
 const EXTENT: i64 = 4 * MI;
 /// mkfs.xfs refuses filesystems below 300 MiB.
@@ -41,61 +43,40 @@ thick_and_thin!(
     block_mode,
     crash_mid_create,
     pool_full,
+    expansion_beyond_free_space,
     delete_while_in_use,
 );
 
 // ---------------------------------------------------------------------------
-// Fixture
+// Fixture (LvmFx, and what only these tests ask of it)
 // ---------------------------------------------------------------------------
 
-/// A driver serving one LVM pool ("thick", or "thin" on the thin pool `tp`)
-/// on a 2 GiB VG of its own. Fields drop in order: the driver (and every mount
-/// below its dir) before the VG.
-struct Fx {
-    d: Driver,
-    vg: LoopVg,
-    kind: Kind,
-    pool: &'static str,
-}
-
-impl Fx {
-    async fn new(kind: Kind) -> Self {
-        Self::with(kind, |o| o).await
-    }
-
-    /// Like [`Fx::new`], with changes to the pool's options.
-    async fn with(kind: Kind, change: impl FnOnce(LvmPoolOpts) -> LvmPoolOpts) -> Self {
-        let (vg, opts) = match kind {
-            Kind::Thick => {
-                let vg = LoopVg::create(2 * GIB, None);
-                let o = LvmPoolOpts::new("thick", &vg.vg);
-                (vg, o)
-            }
-            Kind::Thin => {
-                let vg = LoopVg::create(2 * GIB, Some(GIB));
-                let o = LvmPoolOpts::new("thin", &vg.vg)
-                    .thin_pool("tp")
-                    .overprovision_ratio(THIN_RATIO);
-                (vg, o)
-            }
-        };
-        let opts = change(opts.reserve("64Mi"));
-        let mut d = Driver::new(DriverOpts::with_lvm_pools(vec![opts]));
-        d.start_again_retrying().await;
-        Fx {
-            d,
-            vg,
-            kind,
-            pool: match kind {
-                Kind::Thick => "thick",
-                Kind::Thin => "thin",
-            },
-        }
-    }
-
+/// LVM's own numbers and names for a volume of the fixture's pool, to check
+/// the driver against.
+trait GroundTruth {
     /// What GetCapacity must say, from LVM's own numbers: thick, VG free minus
     /// the reserve; thin, pool size × ratio minus every thin LV's size minus
     /// the reserve; in whole extents.
+    fn expected_capacity(&self) -> i64;
+    /// The largest volume the pool could ever hold.
+    fn ever(&self) -> i64;
+    /// LVM's default extent size (checked in `empty_pool_offers_lvm_free_space`).
+    fn extent(&self) -> i64;
+    #[track_caller]
+    fn lv_size(&self, volume_id: &str) -> i64;
+    fn dev(&self, volume_id: &str) -> PathBuf;
+    /// The LVs tagged with this CSI name.
+    fn lvs_named(&self, name: &str) -> Vec<LvRow>;
+    /// The exact tags the driver puts on a volume's LV.
+    fn expected_tags(&self, name: &str, access: &str) -> Vec<String>;
+    async fn validate(
+        &self,
+        volume_id: &str,
+        caps: Vec<csi::VolumeCapability>,
+    ) -> Result<Response<csi::ValidateVolumeCapabilitiesResponse>, Status>;
+}
+
+impl GroundTruth for Fx {
     fn expected_capacity(&self) -> i64 {
         let (_, free, extent) = self.vg.vg_sizes();
         let raw = match self.kind {
@@ -114,7 +95,6 @@ impl Fx {
         raw.max(0) / extent * extent
     }
 
-    /// The largest volume the pool could ever hold.
     fn ever(&self) -> i64 {
         let (size, _, extent) = self.vg.vg_sizes();
         let raw = match self.kind {
@@ -127,14 +107,8 @@ impl Fx {
         raw / extent * extent
     }
 
-    /// LVM's default extent size (checked in `empty_pool_offers_lvm_free_space`).
     fn extent(&self) -> i64 {
         EXTENT
-    }
-
-    /// The LV behind a volume id.
-    fn lv(&self, volume_id: &str) -> Option<LvRow> {
-        self.vg.lv(&lv_name(volume_id))
     }
 
     #[track_caller]
@@ -148,14 +122,6 @@ impl Fx {
         self.vg.dev_path(&lv_name(volume_id))
     }
 
-    /// Names of every LV in the VG, sorted.
-    fn lv_names(&self) -> Vec<String> {
-        let mut v: Vec<String> = self.vg.lvs().into_iter().map(|l| l.name).collect();
-        v.sort();
-        v
-    }
-
-    /// The LVs tagged with this CSI name.
     fn lvs_named(&self, name: &str) -> Vec<LvRow> {
         let tag = format!("localvol.name={name}");
         self.vg
@@ -165,7 +131,6 @@ impl Fx {
             .collect()
     }
 
-    /// The exact tags the driver puts on a volume's LV.
     fn expected_tags(&self, name: &str, access: &str) -> Vec<String> {
         let mut t = vec![
             "localvol".to_owned(),
@@ -176,14 +141,6 @@ impl Fx {
         ];
         t.sort();
         t
-    }
-
-    async fn create(&self, req: csi::CreateVolumeRequest) -> Result<csi::Volume, Status> {
-        self.d.controller().create_volume(req).await.map(|r| {
-            r.into_inner()
-                .volume
-                .expect("CreateVolume returned no volume")
-        })
     }
 
     async fn validate(
@@ -199,25 +156,6 @@ impl Fx {
                 ..Default::default()
             })
             .await
-    }
-
-    async fn delete_volume(
-        &self,
-        volume_id: &str,
-    ) -> Result<Response<csi::DeleteVolumeResponse>, Status> {
-        self.d
-            .controller()
-            .delete_volume(delete_req(volume_id))
-            .await
-    }
-
-    #[track_caller]
-    fn assert_lv_gone(&self, volume_id: &str) {
-        assert!(
-            self.lv(volume_id).is_none(),
-            "the LV of {volume_id} is still there: {:?}",
-            self.lv_names()
-        );
     }
 }
 
@@ -563,7 +501,7 @@ async fn other_lvs_of_the_vg_are_not_this_pools(f: &Fx, vols: &Created) -> [Stri
     let r = f.validate(&foreign_id, vec![fs_cap("")]).await;
     assert_code("Validate of another pool's LV", r, Code::NotFound);
     let r = f.delete_volume(&foreign_id).await;
-    assert_code("Delete of another pool's LV", r, Code::FailedPrecondition);
+    must_fail("Delete of another pool's LV", r, Code::FailedPrecondition);
     assert!(
         f.vg.lv(&foreign_lv).is_some(),
         "another pool's LV was removed"
@@ -632,7 +570,7 @@ async fn malformed_ids_are_invalid_argument(f: &Fx, staging: &Path, target: &Pat
     ] {
         let ia = Code::InvalidArgument;
         let r = f.delete_volume(&bad).await;
-        assert_code(&format!("Delete {bad:?}"), r, ia);
+        must_fail(&format!("Delete {bad:?}"), r, ia);
         let r = f.validate(&bad, vec![fs_cap("")]).await;
         assert_code(&format!("Validate {bad:?}"), r, ia);
         let r = c.controller_expand_volume(expand_64mi(&bad)).await;
@@ -673,7 +611,7 @@ async fn unknown_ids_are_not_found_here(f: &Fx, staging: &Path) {
         format!("{pool}.$(reboot) lv-x;rm -rf"),
     ] {
         let r = f.delete_volume(&unknown).await;
-        ok(&format!("Delete {unknown:?}"), r);
+        must(&format!("Delete {unknown:?}"), r);
         let r = n.node_stage_volume(stage_req(&unknown, staging)).await;
         assert_code(&format!("Stage {unknown:?}"), r, Code::NotFound);
         let r = c.controller_expand_volume(expand_64mi(&unknown)).await;
@@ -811,6 +749,9 @@ async fn deletes_are_idempotent_and_give_everything_back(
 // 2. Lifecycle with real data, across restarts
 // ---------------------------------------------------------------------------
 
+/// One volume through stage, publish, restage elsewhere, a clean restart, a
+/// crash and a start with its LV inactive, its data checked after each step;
+/// then deleted (twice), giving the pool its capacity back.
 async fn lifecycle_with_data(kind: Kind) {
     require_root();
     // Thick: ext4 (the default default); thin: xfs as the pool's defaultFsType.
@@ -829,9 +770,27 @@ async fn lifecycle_with_data(kind: Kind) {
     let dev = f.dev(&id);
     assert_eq!(blkid(&dev, "TYPE"), None);
 
+    let uuid = first_stage_formats_and_publish_writes(&f, &id, fs).await;
+    let (staging, target) = restage_elsewhere_keeps_the_data(&f, &id, &uuid).await;
+    published_data_survives_a_clean_restart(&mut f, &id, &staging, &target).await;
+    staged_data_survives_a_crash(&mut f, &id, &uuid).await;
+    stage_activates_an_inactive_lv(&mut f, &id, &uuid).await;
+
+    f.d.delete(&id).await;
+    f.assert_lv_gone(&id);
+    assert!(!dev.exists(), "{dev:?} left behind");
+    f.d.delete(&id).await;
+    assert_eq!(f.d.capacity(None).await.available_capacity, cap0);
+}
+
+/// The first stage (at "life") makes the filesystem `fs`; publish, write a
+/// file and a nested one; the mounted LV is open. Returns the filesystem's
+/// UUID.
+async fn first_stage_formats_and_publish_writes(f: &Fx, id: &str, fs: &str) -> String {
+    let dev = f.dev(id);
     let staging = f.d.staging_path("life");
     let target = f.d.target_path("life");
-    f.d.stage(&id, &staging).await;
+    f.d.stage(id, &staging).await;
     assert_eq!(
         blkid(&dev, "TYPE").as_deref(),
         Some(fs),
@@ -839,75 +798,92 @@ async fn lifecycle_with_data(kind: Kind) {
     );
     assert_eq!(fs_type_at(&staging).as_deref(), Some(fs));
     let uuid = blkid(&dev, "UUID").expect("filesystem UUID");
-    f.d.publish(&id, &staging, &target, false).await;
+    f.d.publish(id, &staging, &target, false).await;
     write_file(&target, "file.txt", b"first write").unwrap();
     fs::create_dir(target.join("sub")).unwrap();
     write_file(&target.join("sub"), "nested", &vec![42u8; 100_000]).unwrap();
-    assert!(f.lv(&id).unwrap().open, "a mounted LV is open");
+    assert!(f.lv(id).unwrap().open, "a mounted LV is open");
+    uuid
+}
 
-    // Unpublish, unstage, restage elsewhere, republish.
-    f.d.unpublish(&id, &target).await;
-    assert!(!target.exists());
-    f.d.unstage(&id, &staging).await;
+/// Unpublish, unstage (the LV is no longer open), restage at "life-2" (not
+/// reformatted), republish: the data is there. Returns the new staging and
+/// target paths, left published.
+async fn restage_elsewhere_keeps_the_data(f: &Fx, id: &str, uuid: &str) -> (PathBuf, PathBuf) {
+    let dev = f.dev(id);
+    let (first_staging, first_target) = (f.d.staging_path("life"), f.d.target_path("life"));
+    f.d.unpublish(id, &first_target).await;
+    assert!(!first_target.exists());
+    f.d.unstage(id, &first_staging).await;
     assert!(f.d.mounts_below_dir().is_empty());
-    assert!(!f.lv(&id).unwrap().open);
+    assert!(!f.lv(id).unwrap().open);
     let staging = f.d.staging_path("life-2");
     let target = f.d.target_path("life-2");
-    f.d.stage(&id, &staging).await;
+    f.d.stage(id, &staging).await;
     assert_eq!(
         blkid(&dev, "UUID").as_deref(),
-        Some(uuid.as_str()),
+        Some(uuid),
         "restage reformatted"
     );
-    f.d.publish(&id, &staging, &target, false).await;
+    f.d.publish(id, &staging, &target, false).await;
     assert_file(&target, "file.txt", b"first write");
     assert_file(&target.join("sub"), "nested", &vec![42u8; 100_000]);
+    (staging, target)
+}
 
-    // A clean restart while published.
+/// A clean restart while published: the data stays writable and publish is
+/// idempotent after it. Unpublishes and unstages at the end.
+async fn published_data_survives_a_clean_restart(
+    f: &mut Fx,
+    id: &str,
+    staging: &Path,
+    target: &Path,
+) {
     let status = f.d.stop().await;
     assert!(status.success(), "SIGTERM: {status}");
     f.d.start_again_retrying().await;
-    assert_file(&target, "file.txt", b"first write");
-    write_file(&target, "second.txt", b"after restart").unwrap();
-    f.d.publish(&id, &staging, &target, false).await; // idempotent after a restart
-    f.d.unpublish(&id, &target).await;
-    f.d.unstage(&id, &staging).await;
+    assert_file(target, "file.txt", b"first write");
+    write_file(target, "second.txt", b"after restart").unwrap();
+    f.d.publish(id, staging, target, false).await; // idempotent after a restart
+    f.d.unpublish(id, target).await;
+    f.d.unstage(id, staging).await;
+}
 
-    // A crash while staged.
+/// A crash (SIGKILL) while staged at "life-3": stage is idempotent after it,
+/// with both files and the same filesystem. Unstages at the end.
+async fn staged_data_survives_a_crash(f: &mut Fx, id: &str, uuid: &str) {
     let staging = f.d.staging_path("life-3");
-    f.d.stage(&id, &staging).await;
+    f.d.stage(id, &staging).await;
     f.d.kill9();
     f.d.start_again_retrying().await;
-    f.d.stage(&id, &staging).await; // idempotent after a crash
+    f.d.stage(id, &staging).await; // idempotent after a crash
     assert_file(&staging, "file.txt", b"first write");
     assert_file(&staging, "second.txt", b"after restart");
-    assert_eq!(blkid(&dev, "UUID").as_deref(), Some(uuid.as_str()));
-    f.d.unstage(&id, &staging).await;
+    assert_eq!(blkid(&f.dev(id), "UUID").as_deref(), Some(uuid));
+    f.d.unstage(id, &staging).await;
     assert!(f.d.mounts_below_dir().is_empty());
+}
 
-    // The LV inactive when the driver starts (a boot without VG
-    // auto-activation): staging activates it, the data is there.
+/// The LV inactive when the driver starts (a boot without VG
+/// auto-activation): staging activates it, the data is there. Unstages at
+/// the end.
+async fn stage_activates_an_inactive_lv(f: &mut Fx, id: &str, uuid: &str) {
+    let dev = f.dev(id);
     f.d.stop().await;
-    lvchange(&f.vg, &id, "-an");
+    lvchange(&f.vg, id, "-an");
     assert!(!dev.exists(), "an inactive LV has no device node");
     f.d.start_again_retrying().await;
     let staging = f.d.staging_path("life-4");
-    f.d.stage(&id, &staging).await;
-    let attr = f.lv(&id).unwrap().attr;
+    f.d.stage(id, &staging).await;
+    let attr = f.lv(id).unwrap().attr;
     assert_eq!(
         attr.chars().nth(4),
         Some('a'),
         "not active after stage: {attr}"
     );
     assert_file(&staging, "file.txt", b"first write");
-    assert_eq!(blkid(&dev, "UUID").as_deref(), Some(uuid.as_str()));
-    f.d.unstage(&id, &staging).await;
-
-    f.d.delete(&id).await;
-    f.assert_lv_gone(&id);
-    assert!(!dev.exists(), "{dev:?} left behind");
-    f.d.delete(&id).await;
-    assert_eq!(f.d.capacity(None).await.available_capacity, cap0);
+    assert_eq!(blkid(&dev, "UUID").as_deref(), Some(uuid));
+    f.d.unstage(id, &staging).await;
 }
 
 // ---------------------------------------------------------------------------
@@ -1017,6 +993,47 @@ async fn controller_expand_leaves_the_lv(
         size,
         "the controller must leave the LV to the node"
     );
+}
+
+/// ControllerExpandVolume checks the growth against the pool's free space
+/// before the PV can grow: more than is free is OUT_OF_RANGE (naming the
+/// largest size that fits), with the LV untouched; exactly what is free is
+/// accepted and left to NodeExpandVolume, which then really has the room.
+async fn expansion_beyond_free_space(kind: Kind) {
+    require_root();
+    let f = Fx::new(kind).await;
+    let d = &f.d;
+    let size = 64 * MI;
+    let v = must(
+        "create",
+        f.create(sized("tight", size, 0, fs_cap(""))).await,
+    );
+    let id = v.volume_id.as_str();
+    let free = d.capacity(None).await.available_capacity;
+    assert_eq!(free, f.expected_capacity());
+    let expand = |grown: i64| {
+        let mut c = d.controller();
+        let req = csi::ControllerExpandVolumeRequest {
+            volume_id: id.to_owned(),
+            capacity_range: Some(range(grown, 0)),
+            ..Default::default()
+        };
+        async move { c.controller_expand_volume(req).await }
+    };
+    let too_much = expand(size + free + f.extent()).await;
+    let e = too_much.expect_err("growth beyond the free space was accepted");
+    assert_eq!(e.code(), Code::OutOfRange, "{}", e.message());
+    assert!(e.message().contains("ask for at most"), "{}", e.message());
+    assert_eq!(f.lv_size(id), size, "a refused expansion changed the LV");
+    let r = ok("exactly the free space", expand(size + free).await);
+    assert!(r.node_expansion_required, "{r:?}");
+    assert_eq!(r.capacity_bytes, size + free);
+    assert_eq!(
+        f.lv_size(id),
+        size,
+        "the controller must leave the LV to the node"
+    );
+    d.delete(id).await;
 }
 
 /// A staged and published filesystem grows by 64 MiB: the controller leaves

@@ -14,11 +14,11 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use localvol::csi;
+use sanity_tests::LvmFx as Fx;
 use sanity_tests::LvmKind as Kind;
 use sanity_tests::*;
 use tonic::{Code, Status};
 
-const GIB: u64 = 1 << 30;
 /// mkfs.xfs refuses filesystems below 300 MiB.
 const XFS_SIZE: i64 = 320 * MI;
 /// Space for a thick snapshot's copy-on-write changes.
@@ -34,69 +34,58 @@ thick_and_thin!(
 );
 
 // ---------------------------------------------------------------------------
-// Fixture and helpers
+// Fixture (LvmFx, and what only these tests ask of it) and helpers
 // ---------------------------------------------------------------------------
 
-/// A driver serving one LVM pool ("thick", or "thin" on the thin pool `tp`)
-/// on a 2 GiB VG of its own. The driver drops (unmounting) before the VG.
-struct Fx {
-    d: Driver,
-    vg: LoopVg,
-    kind: Kind,
-    pool: &'static str,
+/// What the snapshot scenarios ask of the fixture ([`LvmFx`]) beyond its own
+/// helpers.
+trait SnapshotOps {
+    #[track_caller]
+    fn must_lv(&self, volume_id: &str) -> LvRow;
+    /// LVs carrying the `localvol` tag (volumes and snapshots), sorted.
+    fn our_lvs(&self) -> Vec<String>;
+    /// The volume id a CSI name gets in this pool.
+    fn volume_id(&self, name: &str) -> String;
+    /// CreateSnapshot; thick pools get a `snapshotSize` for the COW area.
+    async fn snapshot(&self, name: &str, source: &str) -> Result<csi::Snapshot, Status>;
+    /// Like [`SnapshotOps::snapshot`], with this `snapshotSize` (thick pools).
+    async fn snapshot_cow(
+        &self,
+        name: &str,
+        source: &str,
+        cow: &str,
+    ) -> Result<csi::Snapshot, Status>;
+    async fn delete_snapshot(&self, id: &str) -> Result<(), Status>;
+    async fn list_snapshots(
+        &self,
+        snapshot_id: &str,
+        source: &str,
+    ) -> Result<Vec<csi::Snapshot>, Status>;
+    /// Every volume id ListVolumes shows, sorted.
+    async fn volume_ids(&self) -> Vec<String>;
+    /// Whether ListVolumes shows this volume.
+    async fn is_listed(&self, volume_id: &str) -> bool;
+    /// NodeStageVolume of a raw block volume at the staging path of `tag`.
+    async fn stage_block(
+        &self,
+        id: &str,
+        tag: &str,
+    ) -> Result<tonic::Response<csi::NodeStageVolumeResponse>, Status>;
+    /// Stages (with this filesystem type, "" for the pool's default or a
+    /// raw block volume when `fs` is "block") and publishes; returns the
+    /// target path.
+    async fn mount(&self, id: &str, tag: &str, fs: &str) -> PathBuf;
+    /// Unpublishes and unstages what [`SnapshotOps::mount`] mounted.
+    async fn unmount(&self, id: &str, tag: &str);
 }
 
-impl Fx {
-    async fn new(kind: Kind) -> Self {
-        Self::sized(kind, 2 * GIB, GIB).await
-    }
-
-    /// A VG of `vg_bytes`; thin pools get a thin pool of `thin_bytes`.
-    async fn sized(kind: Kind, vg_bytes: u64, thin_bytes: u64) -> Self {
-        let (vg, opts) = match kind {
-            Kind::Thick => {
-                let vg = LoopVg::create(vg_bytes, None);
-                let o = LvmPoolOpts::new("thick", &vg.vg);
-                (vg, o)
-            }
-            Kind::Thin => {
-                let vg = LoopVg::create(vg_bytes, Some(thin_bytes));
-                let o = LvmPoolOpts::new("thin", &vg.vg)
-                    .thin_pool("tp")
-                    .overprovision_ratio(2.0);
-                (vg, o)
-            }
-        };
-        let mut d = Driver::new(DriverOpts::with_lvm_pools(vec![opts.reserve("64Mi")]));
-        d.start_again_retrying().await;
-        Fx {
-            d,
-            vg,
-            kind,
-            pool: match kind {
-                Kind::Thick => "thick",
-                Kind::Thin => "thin",
-            },
-        }
-    }
-
-    fn lv(&self, volume_id: &str) -> Option<LvRow> {
-        self.vg.lv(&lv_name(volume_id))
-    }
-
+impl SnapshotOps for Fx {
     #[track_caller]
     fn must_lv(&self, volume_id: &str) -> LvRow {
         self.lv(volume_id)
             .unwrap_or_else(|| panic!("no LV for {volume_id}: {:?}", self.lv_names()))
     }
 
-    fn lv_names(&self) -> Vec<String> {
-        let mut v: Vec<String> = self.vg.lvs().into_iter().map(|l| l.name).collect();
-        v.sort();
-        v
-    }
-
-    /// LVs carrying the `localvol` tag (volumes and snapshots), sorted.
     fn our_lvs(&self) -> Vec<String> {
         let mut v: Vec<String> = self
             .vg
@@ -109,21 +98,11 @@ impl Fx {
         v
     }
 
-    /// The volume id a CSI name gets in this pool.
     fn volume_id(&self, name: &str) -> String {
         let key = localvol::ids::VolumeName::parse(name).unwrap().key();
         format!("{}.{key}", self.pool)
     }
 
-    async fn create(&self, req: csi::CreateVolumeRequest) -> Result<csi::Volume, Status> {
-        self.d.controller().create_volume(req).await.map(|r| {
-            r.into_inner()
-                .volume
-                .expect("CreateVolume returned no volume")
-        })
-    }
-
-    /// CreateSnapshot; thick pools get a `snapshotSize` for the COW area.
     async fn snapshot(&self, name: &str, source: &str) -> Result<csi::Snapshot, Status> {
         self.snapshot_cow(name, source, COW).await
     }
@@ -154,17 +133,6 @@ impl Fx {
             .controller()
             .delete_snapshot(csi::DeleteSnapshotRequest {
                 snapshot_id: id.to_owned(),
-                ..Default::default()
-            })
-            .await
-            .map(|_| ())
-    }
-
-    async fn delete_volume(&self, id: &str) -> Result<(), Status> {
-        self.d
-            .controller()
-            .delete_volume(csi::DeleteVolumeRequest {
-                volume_id: id.to_owned(),
                 ..Default::default()
             })
             .await
@@ -205,12 +173,10 @@ impl Fx {
         v
     }
 
-    /// Whether ListVolumes shows this volume.
     async fn is_listed(&self, volume_id: &str) -> bool {
         self.volume_ids().await.iter().any(|v| v == volume_id)
     }
 
-    /// NodeStageVolume of a raw block volume at the staging path of `tag`.
     async fn stage_block(
         &self,
         id: &str,
@@ -221,9 +187,6 @@ impl Fx {
         self.d.node().node_stage_volume(req).await
     }
 
-    /// Stages (with this filesystem type, "" for the pool's default or a
-    /// raw block volume when `fs` is "block") and publishes; returns the
-    /// target path.
     async fn mount(&self, id: &str, tag: &str, fs: &str) -> PathBuf {
         let cap = cap_for(fs);
         let staging = self.d.staging_path(tag);
@@ -246,15 +209,6 @@ impl Fx {
     async fn unmount(&self, id: &str, tag: &str) {
         self.d.unpublish(id, &self.d.target_path(tag)).await;
         self.d.unstage(id, &self.d.staging_path(tag)).await;
-    }
-
-    #[track_caller]
-    fn assert_lv_gone(&self, volume_id: &str) {
-        assert!(
-            self.lv(volume_id).is_none(),
-            "the LV of {volume_id} is still there: {:?}",
-            self.lv_names()
-        );
     }
 }
 
@@ -618,6 +572,8 @@ async fn restore_outlives_its_snapshot_and_origin(
 // 2. Clones
 // ---------------------------------------------------------------------------
 
+/// A clone of a published volume has its data, its own name and size, and
+/// lives apart from its source: writes never cross, and it outlives it.
 async fn clone_is_independent(kind: Kind) {
     require_root();
     let (fs, size) = match kind {
@@ -632,6 +588,21 @@ async fn clone_is_independent(kind: Kind) {
     write_generation(&starget, 7);
 
     // Bad requests first: nothing is created.
+    clones_that_cannot_be_made_are_refused(&f, &sid, size, fs).await;
+    assert_eq!(f.our_lvs().len(), base.len() + 1, "{:?}", f.our_lvs());
+
+    // Clone the published, synced volume.
+    let cid = clone_is_idempotent_and_its_name_its_own(&f, &sid, size, fs).await;
+    let ctarget = f.mount(&cid, "clone", fs).await;
+    assert_generation(&ctarget, 7, "the clone");
+    writes_to_a_clone_and_its_source_stay_apart(&starget, &ctarget);
+    clone_outlives_its_source(&f, &sid, &cid, fs).await;
+    assert_eq!(f.our_lvs(), base, "something was left behind");
+}
+
+/// A clone of a missing volume is NOT_FOUND; one smaller than its source, or
+/// limited below it, OUT_OF_RANGE.
+async fn clones_that_cannot_be_made_are_refused(f: &Fx, sid: &str, size: i64, fs: &str) {
     must_fail(
         "clone of a missing volume",
         f.create(from_req("c", 0, fs, &f.volume_id("nope"), false))
@@ -640,21 +611,28 @@ async fn clone_is_independent(kind: Kind) {
     );
     must_fail(
         "clone smaller than its source",
-        f.create(from_req("c", size - 4 * MI, fs, &sid, false))
-            .await,
+        f.create(from_req("c", size - 4 * MI, fs, sid, false)).await,
         Code::OutOfRange,
     );
-    let mut req = from_req("c", 0, fs, &sid, false);
+    let mut req = from_req("c", 0, fs, sid, false);
     req.capacity_range = Some(range(0, size - 4 * MI));
     must_fail(
         "clone with a limit below its source",
         f.create(req).await,
         Code::OutOfRange,
     );
-    assert_eq!(f.our_lvs().len(), base.len() + 1, "{:?}", f.our_lvs());
+}
 
-    // Clone the published, synced volume.
-    let req = from_req("clone", 0, fs, &sid, false);
+/// The clone "clone" has its source's size and names its source; asking
+/// again returns it; its name for a new volume or a clone of another source
+/// is ALREADY_EXISTS. Returns its id.
+async fn clone_is_idempotent_and_its_name_its_own(
+    f: &Fx,
+    sid: &str,
+    size: i64,
+    fs: &str,
+) -> String {
+    let req = from_req("clone", 0, fs, sid, false);
     let c = must("clone", f.create(req.clone()).await);
     let cid = c.volume_id.clone();
     assert_eq!(c.capacity_bytes, size);
@@ -674,35 +652,39 @@ async fn clone_is_independent(kind: Kind) {
         Code::AlreadyExists,
     );
     must("delete other", f.delete_volume(&other.volume_id).await);
+    cid
+}
 
-    let ctarget = f.mount(&cid, "clone", fs).await;
-    assert_generation(&ctarget, 7, "the clone");
-
-    // Writes to either never show in the other.
-    write_file(&ctarget, "clone-only", b"c").unwrap();
-    write_file(&ctarget, "known.txt", b"changed in the clone").unwrap();
-    write_file(&starget, "src-only", b"s").unwrap();
+/// Writes to either of the published source and clone never show in the
+/// other (read after the page cache is dropped).
+fn writes_to_a_clone_and_its_source_stay_apart(starget: &Path, ctarget: &Path) {
+    write_file(ctarget, "clone-only", b"c").unwrap();
+    write_file(ctarget, "known.txt", b"changed in the clone").unwrap();
+    write_file(starget, "src-only", b"s").unwrap();
     drop_caches();
     assert!(!starget.join("clone-only").exists());
     assert!(!ctarget.join("src-only").exists());
-    assert_generation(&starget, 7, "the source after writes to the clone");
+    assert_generation(starget, 7, "the source after writes to the clone");
     assert_eq!(
         fs::read(ctarget.join("known.txt")).unwrap(),
         b"changed in the clone"
     );
+}
 
-    // The clone outlives its source.
-    f.unmount(&sid, "src").await;
-    must("delete the source", f.delete_volume(&sid).await);
-    f.assert_lv_gone(&sid);
-    f.unmount(&cid, "clone").await;
-    let ctarget = f.mount(&cid, "clone-2", fs).await;
+/// The source goes (unmounted and deleted, its LV too); the clone, mounted
+/// again elsewhere, still has its own writes and the source's data. Deletes
+/// the clone at the end.
+async fn clone_outlives_its_source(f: &Fx, sid: &str, cid: &str, fs: &str) {
+    f.unmount(sid, "src").await;
+    must("delete the source", f.delete_volume(sid).await);
+    f.assert_lv_gone(sid);
+    f.unmount(cid, "clone").await;
+    let ctarget = f.mount(cid, "clone-2", fs).await;
     assert!(ctarget.join("clone-only").exists() && !ctarget.join("src-only").exists());
     let random = fs::read(ctarget.join("random.bin")).unwrap();
     assert!(random == pseudo_random(7, 4 * MI as usize));
-    f.unmount(&cid, "clone-2").await;
-    must("delete the clone", f.delete_volume(&cid).await);
-    assert_eq!(f.our_lvs(), base, "something was left behind");
+    f.unmount(cid, "clone-2").await;
+    must("delete the clone", f.delete_volume(cid).await);
 }
 
 // ---------------------------------------------------------------------------
@@ -1446,43 +1428,72 @@ async fn raid1_pool_capacity_and_restore() {
     require_root();
     run_cmd("modprobe", &["dm_raid"]);
     let start_time = Instant::now();
-    // Drop order (reverse): driver, VG, the second PV's loop device, its dir.
-    let dir = tempfile::Builder::new()
-        .prefix("localvol-pv2-")
-        .tempdir()
-        .unwrap();
-    let pv2 = LoopDevice::create(&dir.path().join("pv2.img"), 128 * MI as u64);
-    let vg = LoopVg::create(128 * MI as u64, None);
-    run_cmd("lvm", &["vgextend", "-qq", &vg.vg, &path_str(&pv2.path)]);
-    let mut opts = DriverOpts::with_lvm_pools(vec![]);
-    opts.extra_config = format!(
-        "  - name: raid\n    type: lvm\n    volumeGroup: {}\n    reserve: 16Mi\n    \
-         lvcreateOptions: [\"--type\", \"raid1\", \"-m\", \"1\"]\n    capacityOverhead: 2.0\n",
-        vg.vg
+    let raid = Raid1Fx::new().await;
+    let free0 = raid1_capacity_is_half_the_free_space(&raid.f).await;
+    raid1_restore_has_the_snapshots_data(&raid.f).await;
+    assert_eq!(
+        raid.f.vg.vg_sizes().1,
+        free0,
+        "the VG did not get its space back"
     );
-    let mut d = Driver::new(opts);
-    d.start_again_retrying().await;
-    let f = RaidFx { d: &d };
+    eprintln!("vm_snapshots: raid1 took {:.1?}", start_time.elapsed());
+}
 
-    // Capacity: half of what is free beyond the reserve, in whole extents;
-    // a volume of exactly that size really fits; one extent more does not.
-    let (_, free0, extent) = vg.vg_sizes();
-    let cap = d.capacity(None).await.available_capacity;
+/// A thick pool "raid" on a VG over two 128 MiB PVs, reserving 16 MiB, whose
+/// volumes are raid1 (`lvcreateOptions`) and count twice (`capacityOverhead`).
+/// Fields drop in order: the driver, the VG, the second PV's loop device, its
+/// dir.
+struct Raid1Fx {
+    f: Fx,
+    _pv2: LoopDevice,
+    _dir: tempfile::TempDir,
+}
+
+impl Raid1Fx {
+    async fn new() -> Self {
+        let dir = tempfile::Builder::new()
+            .prefix("localvol-pv2-")
+            .tempdir()
+            .unwrap();
+        let pv2 = LoopDevice::create(&dir.path().join("pv2.img"), 128 * MI as u64);
+        let vg = LoopVg::create(128 * MI as u64, None);
+        run_cmd("lvm", &["vgextend", "-qq", &vg.vg, &path_str(&pv2.path)]);
+        let mut opts = DriverOpts::with_lvm_pools(vec![]);
+        opts.extra_config = format!(
+            "  - name: raid\n    type: lvm\n    volumeGroup: {}\n    reserve: 16Mi\n    \
+             lvcreateOptions: [\"--type\", \"raid1\", \"-m\", \"1\"]\n    capacityOverhead: 2.0\n",
+            vg.vg
+        );
+        let f = Fx::serve(Kind::Thick, "raid", vg, opts).await;
+        Self {
+            f,
+            _pv2: pv2,
+            _dir: dir,
+        }
+    }
+}
+
+/// Capacity: half of what is free beyond the reserve, in whole extents; a
+/// volume of exactly that size really fits (a raid LV, taking twice its size
+/// of the VG); one extent more does not. Returns the VG's free space before.
+async fn raid1_capacity_is_half_the_free_space(f: &Fx) -> i64 {
+    let (_, free0, extent) = f.vg.vg_sizes();
+    let cap = f.d.capacity(None).await.available_capacity;
     assert_eq!(cap, (free0 - 16 * MI) / 2 / extent * extent, "GetCapacity");
     let full = must(
         "a volume of the whole capacity",
         f.create(new_req("full", cap, "block")).await,
     );
-    let lv = vg.lv(&lv_name(&full.volume_id)).unwrap();
+    let lv = f.lv(&full.volume_id).unwrap();
     assert!(lv.attr.starts_with('r'), "not a raid LV: {lv:?}");
-    let (_, free1, _) = vg.vg_sizes();
+    let (_, free1, _) = f.vg.vg_sizes();
     assert!(
         free0 - free1 >= 2 * cap,
         "raid1 of {cap} bytes took only {} bytes of the VG",
         free0 - free1
     );
     assert_eq!(
-        d.capacity(None).await.available_capacity,
+        f.d.capacity(None).await.available_capacity,
         (free1 - 16 * MI).max(0) / 2 / extent * extent
     );
     must_fail(
@@ -1490,81 +1501,51 @@ async fn raid1_pool_capacity_and_restore() {
         f.create(new_req("more", extent, "block")).await,
         Code::ResourceExhausted,
     );
-    must("delete", f.delete(&full.volume_id).await);
+    must("delete", f.delete_volume(&full.volume_id).await);
+    free0
+}
 
-    // Snapshot and restore on raid1: the restore is raid1 too, with the data.
+/// Snapshot and restore on raid1: the restore is raid1 too, with the data.
+async fn raid1_restore_has_the_snapshots_data(f: &Fx) {
     let v = must("create", f.create(new_req("m", 16 * MI, "block")).await);
-    let t = d.target_path("m");
-    let mut req = publish_req(&v.volume_id, &d.staging_path("m"), &t, false);
-    req.volume_capability = Some(cap_for("block"));
-    ok("publish", d.node().node_publish_volume(req).await);
+    let t = publish_block_unstaged(f, &v.volume_id, "m", "publish").await;
     let data = pseudo_random(42, 8 * MI as usize);
     write_at(&t, 4 * MI as u64, &data);
-    let mut sreq = csi::CreateSnapshotRequest {
-        name: "m-snap".into(),
-        source_volume_id: v.volume_id.clone(),
-        ..Default::default()
-    };
-    sreq.parameters = params(&[("snapshotSize", "16Mi")]);
-    let snap = ok("snapshot", d.controller().create_snapshot(sreq).await)
-        .snapshot
-        .unwrap();
+    let snap = must(
+        "snapshot",
+        f.snapshot_cow("m-snap", &v.volume_id, "16Mi").await,
+    );
     write_at(&t, 4 * MI as u64, &pseudo_random(43, 8 * MI as usize));
     let r = must(
         "restore",
         f.create(from_req("m-restored", 0, "block", &snap.snapshot_id, true))
             .await,
     );
-    let lv = vg.lv(&lv_name(&r.volume_id)).unwrap();
+    let lv = f.lv(&r.volume_id).unwrap();
     assert!(lv.attr.starts_with('r'), "the restore is not raid1: {lv:?}");
-    let rt = d.target_path("m-restored");
-    let mut req = publish_req(&r.volume_id, &d.staging_path("m-restored"), &rt, false);
-    req.volume_capability = Some(cap_for("block"));
-    ok("publish restore", d.node().node_publish_volume(req).await);
+    let rt = publish_block_unstaged(f, &r.volume_id, "m-restored", "publish restore").await;
     drop_caches();
     assert!(
         read_at(&rt, 4 * MI as u64, data.len()) == data,
         "the raid1 restore lacks the snapshot's data"
     );
-    d.unpublish(&r.volume_id, &rt).await;
-    d.unpublish(&v.volume_id, &t).await;
+    f.d.unpublish(&r.volume_id, &rt).await;
+    f.d.unpublish(&v.volume_id, &t).await;
     must(
         "delete snapshot",
-        d.controller()
-            .delete_snapshot(csi::DeleteSnapshotRequest {
-                snapshot_id: snap.snapshot_id.clone(),
-                ..Default::default()
-            })
-            .await
-            .map(|_| ()),
+        f.delete_snapshot(&snap.snapshot_id).await,
     );
     for id in [&r.volume_id, &v.volume_id] {
-        must("delete", f.delete(id).await);
+        must("delete", f.delete_volume(id).await);
     }
-    assert_eq!(vg.vg_sizes().1, free0, "the VG did not get its space back");
-    eprintln!("vm_snapshots: raid1 took {:.1?}", start_time.elapsed());
 }
 
-struct RaidFx<'a> {
-    d: &'a Driver,
-}
-
-impl RaidFx<'_> {
-    async fn create(&self, req: csi::CreateVolumeRequest) -> Result<csi::Volume, Status> {
-        self.d
-            .controller()
-            .create_volume(req)
-            .await
-            .map(|r| r.into_inner().volume.expect("no volume"))
-    }
-    async fn delete(&self, id: &str) -> Result<(), Status> {
-        self.d
-            .controller()
-            .delete_volume(csi::DeleteVolumeRequest {
-                volume_id: id.to_owned(),
-                ..Default::default()
-            })
-            .await
-            .map(|_| ())
-    }
+/// NodePublishVolume of a raw block volume at the target path of `tag`,
+/// straight from its device (never staged); returns the target path.
+async fn publish_block_unstaged(f: &Fx, id: &str, tag: &str, what: &str) -> PathBuf {
+    let t = f.d.target_path(tag);
+    let mut req = publish_req(id, &f.d.staging_path(tag), &t, false);
+    req.volume_capability = Some(cap_for("block"));
+    ok(what, f.d.node().node_publish_volume(req).await);
+    t
 }

@@ -25,6 +25,8 @@
 //! | `capacity`  | `{"available_capacity", "maximum_volume_size": n\|null, "minimum_volume_size": n\|null}` |
 //! | `create`    | a volume: `{"volume_id", "capacity_bytes", "volume_context": {..}, "accessible_topology": [{..}]}` |
 //! | `delete`    | `{"volume_id", "deleted": true}` |
+//! | `snapshot`  | `{"snapshot_id", "source_volume_id", "size_bytes", "ready_to_use", "creation_time": seconds\|null}` |
+//! | `delete-snapshot` | `{"snapshot_id", "deleted": true}` |
 //! | `expand`    | `{"volume_id", "capacity_bytes", "node_expansion_required", "node_expanded", "node_capacity_bytes": n\|null}` |
 //! | `stage`     | `{"volume_id", "staging_target_path", "staged": true}` |
 //! | `unstage`   | `{"volume_id", "staging_target_path", "unstaged": true}` |
@@ -109,9 +111,24 @@ pub enum ClientCommand {
         /// StorageClass-style parameter (repeatable).
         #[arg(long = "param", value_name = "KEY=VALUE", value_parser = parse_param)]
         params: Vec<(String, String)>,
+        #[command(flatten)]
+        source: SourceArgs,
     },
     /// DeleteVolume.
     Delete { volume_id: String },
+    /// CreateSnapshot of a volume.
+    Snapshot {
+        /// The snapshot's name (what a CO derives from the VolumeSnapshot).
+        name: String,
+        /// The volume to take it of.
+        #[arg(long, value_name = "VOLUME_ID")]
+        source: String,
+        /// VolumeSnapshotClass-style parameter (repeatable).
+        #[arg(long = "param", value_name = "KEY=VALUE", value_parser = parse_param)]
+        params: Vec<(String, String)>,
+    },
+    /// DeleteSnapshot.
+    DeleteSnapshot { snapshot_id: String },
     /// ControllerExpandVolume, then NodeExpandVolume when the driver asks for it
     /// and --volume-path is given.
     Expand {
@@ -195,6 +212,36 @@ pub enum ClientCommand {
         #[arg(long)]
         all: bool,
     },
+}
+
+/// `create`'s content source: a restore of a snapshot or a clone of a volume.
+#[derive(Args, Debug, Default, Clone)]
+pub struct SourceArgs {
+    /// Restore this snapshot into the new volume.
+    #[arg(long, value_name = "SNAPSHOT_ID", conflicts_with = "from_volume")]
+    pub from_snapshot: Option<String>,
+    /// Clone this volume into the new volume.
+    #[arg(long, value_name = "VOLUME_ID")]
+    pub from_volume: Option<String>,
+}
+
+impl SourceArgs {
+    /// The request's `volume_content_source`; `None` for an empty volume.
+    pub fn to_csi(&self) -> Option<csi::VolumeContentSource> {
+        use csi::volume_content_source::{SnapshotSource, Type, VolumeSource};
+        let source = match (&self.from_snapshot, &self.from_volume) {
+            (Some(id), _) => Type::Snapshot(SnapshotSource {
+                snapshot_id: id.clone(),
+            }),
+            (None, Some(id)) => Type::Volume(VolumeSource {
+                volume_id: id.clone(),
+            }),
+            (None, None) => return None,
+        };
+        Some(csi::VolumeContentSource {
+            r#type: Some(source),
+        })
+    }
 }
 
 /// The volume capability flags shared by create, expand, stage and publish.
@@ -455,8 +502,18 @@ pub async fn run(c: &Clients, cmd: &ClientCommand) -> Result<Output, ClientError
             pool,
             cap,
             params,
-        } => cmd_create(c, name, *size, *limit, pool.as_deref(), cap, params).await,
+            source,
+        } => {
+            let range = (*size, *limit);
+            cmd_create(c, name, range, pool.as_deref(), cap, params, source).await
+        }
         ClientCommand::Delete { volume_id } => cmd_delete(c, volume_id).await,
+        ClientCommand::Snapshot {
+            name,
+            source,
+            params,
+        } => cmd_snapshot(c, name, source, params).await,
+        ClientCommand::DeleteSnapshot { snapshot_id } => cmd_delete_snapshot(c, snapshot_id).await,
         ClientCommand::Expand {
             volume_id,
             size,
@@ -570,15 +627,16 @@ async fn cmd_capacity(
     })
 }
 
-/// `create`: CreateVolume; prints the volume the driver made.
+/// `create`: CreateVolume; prints the volume the driver made. `range` is
+/// `--size` and `--limit`.
 async fn cmd_create(
     c: &Clients,
     name: &str,
-    size: Option<i64>,
-    limit: Option<i64>,
+    (size, limit): (Option<i64>, Option<i64>),
     pool: Option<&str>,
     cap: &CapabilityArgs,
     params: &[(String, String)],
+    source: &SourceArgs,
 ) -> Result<Output, ClientError> {
     let parameters = param_map(pool, params).map_err(ClientError::Usage)?;
     let capacity_range = (size.is_some() || limit.is_some()).then(|| csi::CapacityRange {
@@ -590,6 +648,7 @@ async fn cmd_create(
         capacity_range,
         volume_capabilities: vec![cap.to_csi()],
         parameters,
+        volume_content_source: source.to_csi(),
         ..Default::default()
     };
     let mut ctl = c.controller.clone();
@@ -618,6 +677,75 @@ async fn cmd_delete(c: &Clients, volume_id: &str) -> Result<Output, ClientError>
     Ok(Output {
         json: json!({ "volume_id": volume_id, "deleted": true }),
         human: rows(&[("deleted", volume_id.to_owned())]),
+    })
+}
+
+/// `snapshot`: CreateSnapshot; prints the snapshot the driver made.
+async fn cmd_snapshot(
+    c: &Clients,
+    name: &str,
+    source: &str,
+    params: &[(String, String)],
+) -> Result<Output, ClientError> {
+    let parameters = param_map(None, params).map_err(ClientError::Usage)?;
+    let req = csi::CreateSnapshotRequest {
+        source_volume_id: source.to_owned(),
+        name: name.to_owned(),
+        secrets: HashMap::new(),
+        parameters,
+    };
+    let mut ctl = c.controller.clone();
+    let r = call(c.timeout, req, |r| ctl.create_snapshot(r))
+        .await
+        .map_err(ClientError::Rpc)?;
+    let snap = r.snapshot.ok_or_else(|| {
+        ClientError::Rpc(Status::internal(
+            "CreateSnapshot answered without a snapshot",
+        ))
+    })?;
+    Ok(snapshot_output(&snap))
+}
+
+/// A snapshot as the documented JSON object and its text rows.
+fn snapshot_output(s: &csi::Snapshot) -> Output {
+    let created = s.creation_time.as_ref().map(|t| t.seconds);
+    let mut lines = vec![
+        ("snapshot_id", s.snapshot_id.clone()),
+        ("source volume", s.source_volume_id.clone()),
+        ("size", bytes_h(s.size_bytes)),
+        (
+            "ready",
+            if s.ready_to_use { "yes" } else { "no" }.to_owned(),
+        ),
+    ];
+    if let Some(secs) = created {
+        lines.push(("created", format!("{secs} (seconds since the epoch)")));
+    }
+    Output {
+        json: json!({
+            "snapshot_id": s.snapshot_id,
+            "source_volume_id": s.source_volume_id,
+            "size_bytes": s.size_bytes,
+            "ready_to_use": s.ready_to_use,
+            "creation_time": created,
+        }),
+        human: rows(&lines),
+    }
+}
+
+/// `delete-snapshot`: DeleteSnapshot.
+async fn cmd_delete_snapshot(c: &Clients, snapshot_id: &str) -> Result<Output, ClientError> {
+    let mut ctl = c.controller.clone();
+    let req = csi::DeleteSnapshotRequest {
+        snapshot_id: snapshot_id.to_owned(),
+        secrets: HashMap::new(),
+    };
+    call(c.timeout, req, |r| ctl.delete_snapshot(r))
+        .await
+        .map_err(ClientError::Rpc)?;
+    Ok(Output {
+        json: json!({ "snapshot_id": snapshot_id, "deleted": true }),
+        human: rows(&[("deleted", snapshot_id.to_owned())]),
     })
 }
 
@@ -1362,10 +1490,12 @@ mod tests {
             pool,
             cap,
             params,
+            source,
         } = a.command
         else {
             panic!("not create");
         };
+        assert!(source.to_csi().is_none(), "no source: an empty volume");
         assert_eq!((name.as_str(), size, limit), ("v1", Some(10 << 20), None));
         let m = param_map(pool.as_deref(), &params).unwrap();
         assert_eq!(m.len(), 2);
@@ -1412,6 +1542,80 @@ mod tests {
             panic!()
         };
         assert!(!cap.given());
+    }
+
+    #[test]
+    fn snapshot_flags_and_content_sources() {
+        use csi::volume_content_source::Type;
+        let a = parse(&[
+            "snapshot",
+            "s1",
+            "--source",
+            "thick.v1",
+            "--param",
+            "snapshotSize=16Mi",
+        ])
+        .unwrap();
+        let ClientCommand::Snapshot {
+            name,
+            source,
+            params,
+        } = a.command
+        else {
+            panic!("not snapshot");
+        };
+        assert_eq!((name.as_str(), source.as_str()), ("s1", "thick.v1"));
+        assert_eq!(params, [("snapshotSize".to_owned(), "16Mi".to_owned())]);
+        assert!(parse(&["snapshot", "s1"]).is_err(), "--source is required");
+
+        let a = parse(&["delete-snapshot", "thick.s1"]).unwrap();
+        assert!(
+            matches!(a.command, ClientCommand::DeleteSnapshot { snapshot_id } if snapshot_id == "thick.s1")
+        );
+
+        let source = |argv: &[&str]| {
+            let ClientCommand::Create { source, .. } = parse(argv).unwrap().command else {
+                panic!("not create");
+            };
+            source.to_csi().and_then(|s| s.r#type)
+        };
+        match source(&["create", "r", "--from-snapshot", "thick.s1"]) {
+            Some(Type::Snapshot(s)) => assert_eq!(s.snapshot_id, "thick.s1"),
+            other => panic!("{other:?}"),
+        }
+        match source(&["create", "c", "--from-volume", "thick.v1"]) {
+            Some(Type::Volume(v)) => assert_eq!(v.volume_id, "thick.v1"),
+            other => panic!("{other:?}"),
+        }
+        assert!(
+            parse(&["create", "x", "--from-snapshot", "a", "--from-volume", "b"]).is_err(),
+            "one content source at most"
+        );
+    }
+
+    #[test]
+    fn snapshot_json_has_the_documented_shape() {
+        let s = csi::Snapshot {
+            size_bytes: 4096,
+            snapshot_id: "p.s".into(),
+            source_volume_id: "p.v".into(),
+            creation_time: Some(prost_types::Timestamp {
+                seconds: 7,
+                nanos: 5,
+            }),
+            ready_to_use: true,
+            group_snapshot_id: String::new(),
+        };
+        assert_eq!(
+            snapshot_output(&s).json,
+            json!({"snapshot_id": "p.s", "source_volume_id": "p.v", "size_bytes": 4096,
+                   "ready_to_use": true, "creation_time": 7})
+        );
+        let s = csi::Snapshot {
+            creation_time: None,
+            ..s
+        };
+        assert_eq!(snapshot_output(&s).json["creation_time"], Value::Null);
     }
 
     #[test]

@@ -116,9 +116,11 @@ fn pvs_of(v: &[Value]) -> Vec<PersistentVolume> {
 
 const PVCS: &str = "/api/v1/namespaces/app/persistentvolumeclaims";
 
-#[tokio::test]
-async fn scenario_deleted_node_pvs_go_after_grace_and_claims_only_when_opted_in() {
-    let s = Scenario::new("node deleted: PVs after the grace period, PVCs only when opted in");
+/// The cluster of the deleted-node scenario: pv-a and pv-b on the deleted
+/// node "gone" (claim-a opted in, claim-b not), pv-c on the NotReady node
+/// (claim-c opted in), pv-d of another driver on "gone"; the StorageClass
+/// "local" (not opted in) and a CSIStorageCapacity per node. Returns the PVs.
+fn put_deleted_node_cluster(s: &Scenario) -> Vec<Value> {
     let all = vec![
         pv("pv-a", DRIVER, "gone", "claim-a"),
         pv("pv-b", DRIVER, "gone", "claim-b"),
@@ -126,23 +128,18 @@ async fn scenario_deleted_node_pvs_go_after_grace_and_claims_only_when_opted_in(
         pv("pv-d", "other.csi.dev", "gone", "claim-d"),
     ];
     for p in &all {
+        s.put_pv(p.clone());
+    }
+    for (claim, volume, opted_in) in [
+        ("claim-a", "pv-a", true),
+        ("claim-b", "pv-b", false),
+        ("claim-c", "pv-c", true),
+    ] {
         s.put(
-            &format!("{PVS}/{}", p["metadata"]["name"].as_str().unwrap()),
-            p.clone(),
+            &format!("{PVCS}/{claim}"),
+            pvc(claim, volume, "local", opted_in),
         );
     }
-    s.put(
-        &format!("{PVCS}/claim-a"),
-        pvc("claim-a", "pv-a", "local", true),
-    );
-    s.put(
-        &format!("{PVCS}/claim-b"),
-        pvc("claim-b", "pv-b", "local", false),
-    );
-    s.put(
-        &format!("{PVCS}/claim-c"),
-        pvc("claim-c", "pv-c", "local", true),
-    );
     s.put(
         "/apis/storage.k8s.io/v1/storageclasses/local",
         json!({"apiVersion": "storage.k8s.io/v1", "kind": "StorageClass",
@@ -157,6 +154,13 @@ async fn scenario_deleted_node_pvs_go_after_grace_and_claims_only_when_opted_in(
                    "nodeTopology": {"matchLabels": {TOPOLOGY_KEY: n}}}),
         );
     }
+    all
+}
+
+#[tokio::test]
+async fn scenario_deleted_node_pvs_go_after_grace_and_claims_only_when_opted_in() {
+    let s = Scenario::new("node deleted: PVs after the grace period, PVCs only when opted in");
+    let all = put_deleted_node_cluster(&s);
     let nl = NodeLoss::new(s.client.clone(), DRIVER, "ctrl-0", GRACE);
     let nodes = store(vec![node("notready", false)]);
     let pvs = store(pvs_of(&all));
@@ -197,8 +201,15 @@ async fn scenario_deleted_node_pvs_go_after_grace_and_claims_only_when_opted_in(
                 .into(),
         ]
     );
-    // The NotReady node's PV and claim, the other driver's PV, the claim
-    // that did not opt in, and the NotReady node's capacity all remain.
+    assert_only_the_deleted_nodes_pvs_and_opted_in_claim_went(&s);
+}
+
+/// After the deleted-node scenario's pass: the NotReady node's PV and claim,
+/// the other driver's PV, the claim that did not opt in, and the NotReady
+/// node's capacity all remain; the deleted node's PVs and the claim that
+/// opted in are gone.
+#[track_caller]
+fn assert_only_the_deleted_nodes_pvs_and_opted_in_claim_went(s: &Scenario) {
     for p in [
         format!("{PVS}/pv-c"),
         format!("{PVS}/pv-d"),

@@ -22,7 +22,8 @@ use super::{DiscoveryConfig, StaticHandle};
 use crate::error::blocking;
 use crate::ids::{PoolName, VolumeId, VolumeKey};
 use crate::pool::{
-    AccessType, Capacity, CapacityRange, CreateRequest, Expanded, NodeSide, Pool, Source, Volume,
+    AccessType, Capacity, CapacityRange, CreateRequest, Expanded, Health, NodeSide, Pool, Source,
+    Volume,
 };
 use crate::pool::{PoolError, Result};
 
@@ -130,8 +131,8 @@ impl Pool for StaticPool {
     fn supports(&self, _access: AccessType) -> bool {
         false
     }
-    async fn check(&self) -> Result<()> {
-        Ok(())
+    async fn health(&self) -> Health {
+        Health::Ready
     }
     async fn create(&self, _req: &CreateRequest) -> Result<Volume> {
         self.refuse("creating one")

@@ -175,22 +175,51 @@ fn list(api: &FakeApi, path: &str) -> Option<Vec<Value>> {
     )
 }
 
+/// One request to the fake, read whole.
+struct Call {
+    method: String,
+    path: String,
+    query: String,
+    content_type: String,
+    /// The JSON body; `Null` when there is none.
+    body: Value,
+}
+
+impl Call {
+    async fn read(req: Request<Body>) -> Call {
+        let method = req.method().to_string();
+        let path = req.uri().path().to_owned();
+        let query = req.uri().query().unwrap_or("").to_owned();
+        let content_type = req
+            .headers()
+            .get(http::header::CONTENT_TYPE)
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or("")
+            .to_owned();
+        let body = req.into_body().collect_bytes().await.unwrap();
+        let body: Value = if body.is_empty() {
+            Value::Null
+        } else {
+            serde_json::from_slice(&body).unwrap()
+        };
+        Call {
+            method,
+            path,
+            query,
+            content_type,
+            body,
+        }
+    }
+}
+
 async fn handle(api: &Mutex<FakeApi>, req: Request<Body>) -> Response<Body> {
-    let method = req.method().to_string();
-    let path = req.uri().path().to_owned();
-    let query = req.uri().query().unwrap_or("").to_owned();
-    let content_type = req
-        .headers()
-        .get(http::header::CONTENT_TYPE)
-        .and_then(|v| v.to_str().ok())
-        .unwrap_or("")
-        .to_owned();
-    let body = req.into_body().collect_bytes().await.unwrap();
-    let body: Value = if body.is_empty() {
-        Value::Null
-    } else {
-        serde_json::from_slice(&body).unwrap()
-    };
+    let Call {
+        method,
+        path,
+        query,
+        content_type,
+        body,
+    } = Call::read(req).await;
     let mut api = api.lock().unwrap();
     if path.starts_with("/apis/events.k8s.io/v1/namespaces/") {
         let reason = body["reason"].as_str().unwrap_or("?").to_owned();
@@ -199,19 +228,7 @@ async fn handle(api: &Mutex<FakeApi>, req: Request<Body>) -> Response<Body> {
     }
     if method == "GET" {
         if let Some(items) = list(&api, &path) {
-            if query.contains("watch=true") {
-                return Response::builder().status(200).body(Body::empty()).unwrap();
-            }
-            let entry = match selector_of(&query) {
-                Some(sel) => format!("LIST {path} ?{sel}"),
-                None => format!("LIST {path}"),
-            };
-            api.log.push(entry);
-            return respond(
-                200,
-                &json!({"kind": "List", "apiVersion": "v1",
-                        "metadata": {"resourceVersion": "1"}, "items": items}),
-            );
+            return api.list_or_watch(&path, &query, items);
         }
     }
     api.log.push(format!("{method} {path}"));
@@ -220,88 +237,127 @@ async fn handle(api: &Mutex<FakeApi>, req: Request<Body>) -> Response<Body> {
             Some(o) => respond(200, o),
             None => respond(404, &status(404, "NotFound")),
         },
-        "DELETE" => {
-            let Some(o) = api.objects.get(&path).cloned() else {
-                return respond(404, &status(404, "NotFound"));
-            };
-            let want = &body["preconditions"]["uid"];
-            if !want.is_null() && *want != o["metadata"]["uid"] {
-                return respond(409, &status(409, "Conflict"));
-            }
-            if has_finalizers(&o) {
-                // Held: marked for deletion (once), kept.
-                let mut o = o;
-                if o["metadata"]["deletionTimestamp"].is_null() {
-                    api.rv += 1;
-                    o["metadata"]["deletionTimestamp"] = json!("2020-01-01T00:00:00Z");
-                    o["metadata"]["resourceVersion"] = json!(api.rv.to_string());
-                    api.objects.insert(path, o.clone());
-                }
-                return respond(200, &o);
-            }
-            api.objects.remove(&path);
-            respond(200, &o)
-        }
-        "PATCH" if content_type == "application/json-patch+json" => {
-            let writer = api.before_next_patch.take();
-            let Some(old) = api.objects.get_mut(&path) else {
-                return respond(404, &status(404, "NotFound"));
-            };
-            if let Some(w) = writer {
-                w(old);
-            }
-            let mut o = old.clone();
-            let applied = serde_json::from_value::<json_patch::Patch>(body)
-                .map_err(|e| e.to_string())
-                .and_then(|p| json_patch::patch(&mut o, &p).map_err(|e| e.to_string()));
-            if let Err(e) = applied {
-                let mut st = status(422, "Invalid");
-                st["message"] = json!(e);
-                return respond(422, &st);
-            }
-            api.rv += 1;
-            o["metadata"]["resourceVersion"] = json!(api.rv.to_string());
-            if !o["metadata"]["deletionTimestamp"].is_null() && !has_finalizers(&o) {
-                api.objects.remove(&path);
-            } else {
-                api.objects.insert(path, o.clone());
-            }
-            respond(200, &o)
-        }
-        "POST" => {
-            let name = body["metadata"]["name"].as_str().unwrap().to_owned();
-            let key = format!("{path}/{name}");
-            if api.objects.contains_key(&key) {
-                return respond(409, &status(409, "AlreadyExists"));
-            }
-            api.rv += 1;
-            let mut o = body;
-            if o["metadata"]["uid"].is_null() {
-                o["metadata"]["uid"] = json!(format!("uid-{name}"));
-            }
-            o["metadata"]["resourceVersion"] = json!(api.rv.to_string());
-            if path == PVS && o["status"].is_null() {
-                o["status"] = json!({"phase": "Pending"});
-            }
-            api.objects.insert(key, o.clone());
-            respond(201, &o)
-        }
-        "PUT" => {
-            let Some(old) = api.objects.get(&path) else {
-                return respond(404, &status(404, "NotFound"));
-            };
-            if body["metadata"]["resourceVersion"] != old["metadata"]["resourceVersion"] {
-                return respond(409, &status(409, "Conflict"));
-            }
-            api.rv += 1;
-            let mut o = body;
-            o["metadata"]["resourceVersion"] = json!(api.rv.to_string());
-            api.objects.insert(path, o.clone());
-            respond(200, &o)
-        }
+        "DELETE" => api.delete(path, &body),
+        "PATCH" if content_type == "application/json-patch+json" => api.json_patch(path, body),
+        "POST" => api.create(&path, body),
+        "PUT" => api.update(path, body),
         _ => {
             api.log.push(format!("UNEXPECTED {method} {path}"));
             respond(500, &status(500, "InternalError"))
         }
+    }
+}
+
+/// The API's verbs on single objects (and lists), one each: `handle` has
+/// logged the request.
+impl FakeApi {
+    /// Gives `o` the next resourceVersion.
+    fn bump_rv(&mut self, o: &mut Value) {
+        self.rv += 1;
+        o["metadata"]["resourceVersion"] = json!(self.rv.to_string());
+    }
+
+    /// A list of a collection (logged), or a watch of it that ends at once
+    /// (not logged).
+    fn list_or_watch(&mut self, path: &str, query: &str, items: Vec<Value>) -> Response<Body> {
+        if query.contains("watch=true") {
+            return Response::builder().status(200).body(Body::empty()).unwrap();
+        }
+        let entry = match selector_of(query) {
+            Some(sel) => format!("LIST {path} ?{sel}"),
+            None => format!("LIST {path}"),
+        };
+        self.log.push(entry);
+        respond(
+            200,
+            &json!({"kind": "List", "apiVersion": "v1",
+                    "metadata": {"resourceVersion": "1"}, "items": items}),
+        )
+    }
+
+    /// DELETE, with its uid precondition; an object with finalizers is only
+    /// marked for deletion.
+    fn delete(&mut self, path: String, body: &Value) -> Response<Body> {
+        let Some(o) = self.objects.get(&path).cloned() else {
+            return respond(404, &status(404, "NotFound"));
+        };
+        let want = &body["preconditions"]["uid"];
+        if !want.is_null() && *want != o["metadata"]["uid"] {
+            return respond(409, &status(409, "Conflict"));
+        }
+        if has_finalizers(&o) {
+            // Held: marked for deletion (once), kept.
+            let mut o = o;
+            if o["metadata"]["deletionTimestamp"].is_null() {
+                o["metadata"]["deletionTimestamp"] = json!("2020-01-01T00:00:00Z");
+                self.bump_rv(&mut o);
+                self.objects.insert(path, o.clone());
+            }
+            return respond(200, &o);
+        }
+        self.objects.remove(&path);
+        respond(200, &o)
+    }
+
+    /// A JSON patch (after `before_next_patch`); an object marked for
+    /// deletion goes when it takes the last finalizer off.
+    fn json_patch(&mut self, path: String, body: Value) -> Response<Body> {
+        let writer = self.before_next_patch.take();
+        let Some(old) = self.objects.get_mut(&path) else {
+            return respond(404, &status(404, "NotFound"));
+        };
+        if let Some(w) = writer {
+            w(old);
+        }
+        let mut o = old.clone();
+        let applied = serde_json::from_value::<json_patch::Patch>(body)
+            .map_err(|e| e.to_string())
+            .and_then(|p| json_patch::patch(&mut o, &p).map_err(|e| e.to_string()));
+        if let Err(e) = applied {
+            let mut st = status(422, "Invalid");
+            st["message"] = json!(e);
+            return respond(422, &st);
+        }
+        self.bump_rv(&mut o);
+        if !o["metadata"]["deletionTimestamp"].is_null() && !has_finalizers(&o) {
+            self.objects.remove(&path);
+        } else {
+            self.objects.insert(path, o.clone());
+        }
+        respond(200, &o)
+    }
+
+    /// POST to a collection: uid (unless given) and resourceVersion set; a
+    /// new PV is Pending.
+    fn create(&mut self, path: &str, body: Value) -> Response<Body> {
+        let name = body["metadata"]["name"].as_str().unwrap().to_owned();
+        let key = format!("{path}/{name}");
+        if self.objects.contains_key(&key) {
+            return respond(409, &status(409, "AlreadyExists"));
+        }
+        let mut o = body;
+        self.bump_rv(&mut o);
+        if o["metadata"]["uid"].is_null() {
+            o["metadata"]["uid"] = json!(format!("uid-{name}"));
+        }
+        if path == PVS && o["status"].is_null() {
+            o["status"] = json!({"phase": "Pending"});
+        }
+        self.objects.insert(key, o.clone());
+        respond(201, &o)
+    }
+
+    /// PUT: the resourceVersion must be the stored one.
+    fn update(&mut self, path: String, body: Value) -> Response<Body> {
+        let Some(old) = self.objects.get(&path) else {
+            return respond(404, &status(404, "NotFound"));
+        };
+        if body["metadata"]["resourceVersion"] != old["metadata"]["resourceVersion"] {
+            return respond(409, &status(409, "Conflict"));
+        }
+        let mut o = body;
+        self.bump_rv(&mut o);
+        self.objects.insert(path, o.clone());
+        respond(200, &o)
     }
 }

@@ -86,9 +86,9 @@ impl Room {
 
     /// May volume `volume_id` grow to `new_size` bytes on its node?
     pub async fn check(&self, volume_id: &str, new_size: u64) -> Result<Verdict, RoomError> {
-        let pvs: Api<PersistentVolume> = Api::all(self.client.clone());
+        let pv_api: Api<PersistentVolume> = Api::all(self.client.clone());
         // resourceVersion 0: the API server's cache is recent enough here.
-        let pvs = pvs
+        let pvs = pv_api
             .list(&ListParams::default().match_any())
             .await
             .map_err(|source| RoomError::Api {
@@ -108,8 +108,8 @@ impl Room {
         if growth == 0 {
             return Ok(Verdict::NoGrowth);
         }
-        let caps: Api<CSIStorageCapacity> = Api::default_namespaced(self.client.clone());
-        let caps = caps
+        let cap_api: Api<CSIStorageCapacity> = Api::default_namespaced(self.client.clone());
+        let caps = cap_api
             .list(&ListParams::default().match_any())
             .await
             .map_err(|source| RoomError::Api {

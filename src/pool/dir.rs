@@ -36,8 +36,8 @@ use std::time::{SystemTime, UNIX_EPOCH};
 use async_trait::async_trait;
 
 use super::{
-    AccessType, Capacity, CapacityRange, CreateRequest, Expanded, NodeSide, Pool, PoolError,
-    Result, Source, Usage, Volume,
+    AccessType, Capacity, CapacityRange, CreateRequest, Expanded, Health, NodeSide, Pool,
+    PoolError, Result, Source, Unusable, Usage, Volume,
 };
 use crate::config::{DirPoolConfig, QuotaMode, DEFAULT_VOLUME_SIZE};
 use crate::error::{blocking, IoContext};
@@ -72,6 +72,10 @@ pub struct DirPool {
     /// Why sizes are not enforced (quota: auto on a filesystem without quotas).
     unenforced_reason: Option<String>,
     state: Arc<Mutex<State>>,
+    /// (device, inode) of `volumes/` when the pool opened it: the health
+    /// check tells the directory the records came from from another one at
+    /// the same path (the pool's filesystem unmounted, the tree replaced).
+    volumes_identity: (u64, u64),
     /// `<path>/deleted`, when it is on the same filesystem as `volumes/`;
     /// without it records are unlinked.
     spare_dir: Option<PathBuf>,
@@ -286,6 +290,42 @@ impl State {
     }
 }
 
+/// The health of a dir pool whose `volumes/` directory was `opened` (device,
+/// inode) at start: still there, a directory, the same one, writable, and
+/// its filesystem answers statvfs.
+fn dir_health(dir: &Path, opened: (u64, u64)) -> Health {
+    let unusable = |u| Health::Unusable(u);
+    let md = match fs::metadata(dir) {
+        Ok(md) => md,
+        Err(e) => {
+            return unusable(Unusable::Unreadable {
+                path: dir.to_owned(),
+                why: e.to_string(),
+            })
+        }
+    };
+    if !md.is_dir() {
+        return unusable(Unusable::NotADirectory {
+            path: dir.to_owned(),
+        });
+    }
+    if (md.dev(), md.ino()) != opened {
+        return unusable(Unusable::Replaced {
+            path: dir.to_owned(),
+        });
+    }
+    if let Err(e) = nix::unistd::access(dir, nix::unistd::AccessFlags::W_OK) {
+        return unusable(Unusable::NotWritable {
+            path: dir.to_owned(),
+            why: e.desc().to_owned(),
+        });
+    }
+    match fsutil::fs_stats(dir) {
+        Ok(_) => Health::Ready,
+        Err(e) => unusable(Unusable::CheckFailed(e.to_string())),
+    }
+}
+
 /// The volume's deterministic sequence of candidate project ids.
 fn project_candidates(key: &VolumeKey) -> impl Iterator<Item = u32> {
     let start = u32::from_str_radix(&key.as_str()[..8], 16).unwrap_or(0) % PROJECT_SPAN;
@@ -309,12 +349,15 @@ impl DirPool {
             quota,
         } = cfg;
         let pool_name = name.clone();
-        let (root, volumes, quotas, unenforced_reason, spare_dir) = blocking(move || {
+        let (root, volumes, quotas, unenforced_reason, spare_dir, ident) = blocking(move || {
             fs::create_dir_all(&path).ctx(|| format!("pool {pool_name}: creating {path:?}"))?;
             let root =
                 fs::canonicalize(&path).ctx(|| format!("pool {pool_name}: resolving {path:?}"))?;
             let volumes_dir = root.join("volumes");
             fsutil::ensure_dir(&volumes_dir, 0o700)?;
+            let md = fs::metadata(&volumes_dir)
+                .ctx(|| format!("pool {pool_name}: reading {volumes_dir:?}"))?;
+            let identity = (md.dev(), md.ino());
             let volumes = load_records(&pool_name, &volumes_dir)?;
             let spare_dir = open_spare_dir(&pool_name, &root.join(SPARE_DIR), &volumes_dir)?;
             let (quotas, reason) = match quota {
@@ -333,7 +376,7 @@ impl DirPool {
             if let Some(q) = &quotas {
                 apply_recorded_limits(&pool_name, q, &volumes)?;
             }
-            Ok((root, volumes, quotas, reason, spare_dir))
+            Ok((root, volumes, quotas, reason, spare_dir, identity))
         })
         .await?;
         match &unenforced_reason {
@@ -352,6 +395,7 @@ impl DirPool {
             quotas,
             unenforced_reason,
             state: Arc::new(Mutex::new(State::new(volumes))),
+            volumes_identity: ident,
             spare_dir,
         })
     }
@@ -611,22 +655,12 @@ impl Pool for DirPool {
         access == AccessType::Mount
     }
 
-    async fn check(&self) -> Result<()> {
-        let (dir, name) = (self.volumes_dir.clone(), self.name.clone());
-        blocking(move || {
-            let md = fs::metadata(&dir).ctx(|| format!("pool directory {dir:?}"))?;
-            if !md.is_dir() {
-                return Err(PoolError::Unavailable {
-                    pool: name.to_string(),
-                    why: format!("{dir:?} is not a directory"),
-                });
-            }
-            nix::unistd::access(&dir, nix::unistd::AccessFlags::W_OK)
-                .ctx(|| format!("{dir:?} is not writable"))?;
-            fsutil::fs_stats(&dir)?;
-            Ok(())
-        })
-        .await
+    async fn health(&self) -> Health {
+        let dir = self.volumes_dir.clone();
+        let opened = self.volumes_identity;
+        blocking(move || Ok::<_, PoolError>(dir_health(&dir, opened)))
+            .await
+            .unwrap_or_else(|e| Health::Unusable(Unusable::CheckFailed(e.to_string())))
     }
 
     async fn create(&self, req: &CreateRequest) -> Result<Volume> {

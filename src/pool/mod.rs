@@ -199,6 +199,51 @@ pub fn matches_request(
     }
 }
 
+/// Whether a pool can serve, as its backend finds it on the node.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Health {
+    Ready,
+    Unusable(Unusable),
+}
+
+impl Health {
+    pub fn is_ready(&self) -> bool {
+        matches!(self, Health::Ready)
+    }
+}
+
+/// Why a pool cannot serve: its storage is gone or is not what the pool
+/// opened. Each is a fault of the node, not a state the driver grows out of
+/// by itself (the CSI Probe answers FAILED_PRECONDITION for it).
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum Unusable {
+    /// The directory cannot be looked at (removed, renamed away, EIO...).
+    #[error("{path:?} cannot be read: {why}")]
+    Unreadable { path: PathBuf, why: String },
+    #[error("{path:?} is not a directory")]
+    NotADirectory { path: PathBuf },
+    /// A directory is there, but not the one the pool opened: the pool's
+    /// filesystem was unmounted (the path now shows the directory below the
+    /// mount point), or the directory was removed and made again. The
+    /// volumes the pool knows are not in it.
+    #[error(
+        "{path:?} is no longer the directory the pool opened (was its filesystem \
+         unmounted, or the directory removed and made again?)"
+    )]
+    Replaced { path: PathBuf },
+    #[error("{path:?} is not writable: {why}")]
+    NotWritable { path: PathBuf, why: String },
+    #[error("volume group {vg} not found")]
+    VolumeGroupMissing { vg: String },
+    #[error("thin pool {vg}/{thin} not found")]
+    ThinPoolMissing { vg: String, thin: String },
+    #[error("{vg}/{thin} is not a thin pool")]
+    NotAThinPool { vg: String, thin: String },
+    /// The check itself failed (an lvm report that timed out or failed).
+    #[error("the health check failed: {0}")]
+    CheckFailed(String),
+}
+
 /// What the node side needs of a volume's pool: where its data is, how to
 /// make it usable here, and its health and usage for NodeGetVolumeStats.
 /// Every pool is one ([`Pool`] requires it); the defaults are what a pool
@@ -249,8 +294,9 @@ pub trait Pool: NodeSide {
     fn expands_on_node(&self) -> bool {
         false
     }
-    /// Ready to serve (used by Probe).
-    async fn check(&self) -> Result<()>;
+    /// Whether the pool can serve now, from what is on the node (Probe,
+    /// `/readyz` and the `pool_ready` gauge ask it; cheap enough for each).
+    async fn health(&self) -> Health;
     /// Creates the volume, or returns it when an identical request already did.
     /// ALREADY_EXISTS when a volume with this id exists but does not match.
     async fn create(&self, req: &CreateRequest) -> Result<Volume>;

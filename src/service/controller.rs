@@ -886,12 +886,17 @@ mod tests {
         })
     }
 
+    /// The id volume `name` has in pool "thick" (of some other node).
+    fn thick_id(name: &str) -> String {
+        let name = VolumeName::parse(name).unwrap();
+        VolumeId::new(PoolName::parse("thick").unwrap(), &name).to_string()
+    }
+
     #[tokio::test]
     async fn expansion_on_another_node_must_fit_its_published_capacity() {
         let dir = tempfile::tempdir().unwrap();
         let fake = Fake::start();
-        let name = VolumeName::parse("pvc-1").unwrap();
-        let id = VolumeId::new(PoolName::parse("thick").unwrap(), &name).to_string();
+        let id = thick_id("pvc-1");
         let svc = on_n0(dir.path(), &fake, &id, "512Mi").await;
 
         // Growth beyond n1's 512Mi: refused before the PV can grow.
@@ -925,8 +930,7 @@ mod tests {
     async fn expansion_the_cluster_cannot_check_is_left_to_the_node() {
         let dir = tempfile::tempdir().unwrap();
         let fake = Fake::start();
-        let name = VolumeName::parse("pvc-2").unwrap();
-        let id = VolumeId::new(PoolName::parse("thick").unwrap(), &name).to_string();
+        let id = thick_id("pvc-2");
         // The cluster's PV names another volume: no capacity to check against.
         let svc = on_n0(dir.path(), &fake, "thick.other", "0").await;
         let r = svc
@@ -948,8 +952,7 @@ mod tests {
     async fn an_api_server_that_fails_makes_the_resizer_retry() {
         let dir = tempfile::tempdir().unwrap();
         let fake = Fake::start();
-        let name = VolumeName::parse("pvc-3").unwrap();
-        let id = VolumeId::new(PoolName::parse("thick").unwrap(), &name).to_string();
+        let id = thick_id("pvc-3");
         let svc = on_n0(dir.path(), &fake, &id, "512Mi").await;
         drop(fake); // the server task stops: every request fails
         let e = svc

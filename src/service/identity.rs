@@ -66,14 +66,11 @@ impl csi::identity_server::Identity for IdentityService {
         _req: Request<csi::ProbeRequest>,
     ) -> Result<Response<csi::ProbeResponse>, Status> {
         rpc("Probe", "", async {
-            let ready = match self.driver.readiness().await {
-                Ok(()) => true,
-                Err(why) => {
-                    tracing::warn!(reason = %why, "not ready");
-                    false
-                }
-            };
-            Ok(csi::ProbeResponse { ready: Some(ready) })
+            if let Err(unhealthy) = self.driver.health().await {
+                tracing::warn!(reason = %unhealthy, "not healthy");
+                return Err(unhealthy.into());
+            }
+            Ok(csi::ProbeResponse { ready: Some(true) })
         })
         .await
     }

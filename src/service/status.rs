@@ -10,7 +10,7 @@ use tonic::{Code, Status};
 use crate::blockdev::UnknownFs;
 use crate::command::CommandError;
 use crate::discovery::StaticError;
-use crate::driver::DriverError;
+use crate::driver::{DriverError, Unhealthy};
 use crate::error::IoError;
 use crate::fsutil::{FsError, PathError};
 use crate::ids::InvalidName;
@@ -178,6 +178,15 @@ pub fn room_code(e: &RoomError) -> Code {
     }
 }
 
+/// A pool that cannot serve makes the plugin unhealthy: the CSI spec's
+/// Probe answers FAILED_PRECONDITION for that ("Plugin not healthy"), and
+/// keeps `ready: false` for a plugin that is still initializing, which
+/// localvol never is once it serves (it opens every pool before binding the
+/// socket).
+pub fn unhealthy_code(_: &Unhealthy) -> Code {
+    Code::FailedPrecondition
+}
+
 /// Implements `From<$t> for Status` through a code function.
 macro_rules! to_status {
     ($($t:ty => $code:expr;)*) => {$(
@@ -191,6 +200,7 @@ macro_rules! to_status {
 }
 
 to_status! {
+    Unhealthy => unhealthy_code;
     IoError => io_code;
     CommandError => command_code;
     FsError => fs_code;

@@ -24,8 +24,8 @@ use std::sync::{Arc, Mutex};
 use async_trait::async_trait;
 
 use super::{
-    AccessType, Capacity, CapacityRange, CreateRequest, Expanded, NodeSide, Pool, PoolError,
-    Result, Snapshot, SnapshotRequest, Snapshots, Source, Usage, Volume,
+    AccessType, Capacity, CapacityRange, CreateRequest, Expanded, Health, NodeSide, Pool,
+    PoolError, Result, Snapshot, SnapshotRequest, Snapshots, Source, Usage, Volume,
 };
 use crate::blockdev::FsType;
 use crate::config::{LvmPoolConfig, DEFAULT_VOLUME_SIZE};
@@ -34,10 +34,12 @@ use crate::lvm::{self, LvInfo, LvmError, NewLv};
 
 mod args;
 mod capacity;
+mod health;
 mod restore;
 mod tags;
 
 use capacity::*;
+use health::{HealthCache, HEALTH_TTL};
 use restore::*;
 use tags::*;
 
@@ -59,6 +61,8 @@ pub struct LvmPool {
     /// concurrent creates cannot together overfill the pool. LVM serialises
     /// changes to a VG with its own lock anyway, so this costs no parallelism.
     alloc: tokio::sync::Mutex<()>,
+    /// The last health answer (see `health.rs`).
+    health: HealthCache,
 }
 
 impl LvmPool {
@@ -80,11 +84,14 @@ impl LvmPool {
             default_size: cfg.default_size.map_or(DEFAULT_VOLUME_SIZE, |d| d.0),
             alloc: tokio::sync::Mutex::new(()),
             copies: Arc::default(),
+            health: HealthCache::default(),
         };
-        pool.check().await.map_err(|e| PoolError::Misconfigured {
-            pool: pool.name.to_string(),
-            why: e.to_string(),
-        })?;
+        if let Health::Unusable(why) = pool.check_now().await {
+            return Err(PoolError::Misconfigured {
+                pool: pool.name.to_string(),
+                why: why.to_string(),
+            });
+        }
         tracing::info!(pool = %pool.name, vg = pool.vg, thin = ?pool.thin, "lvm pool opened");
         Ok(pool)
     }
@@ -94,6 +101,17 @@ impl LvmPool {
             pool: self.name.to_string(),
             why,
         }
+    }
+
+    /// Asks lvm now (no cache): the VG, and the thin pool if there is one.
+    async fn check_now(&self) -> Health {
+        let vg = lvm::vg(&self.vg).await;
+        let thin = match (&self.thin, &vg) {
+            (Some(thin), Ok(_)) => Some((thin.as_str(), lvm::lv(&self.vg, thin).await)),
+            (Some(thin), Err(_)) => Some((thin.as_str(), Ok(None))),
+            (None, _) => None,
+        };
+        health::judge(&self.vg, vg, thin)
     }
 
     fn lv_path(&self, lv: &str) -> String {
@@ -184,25 +202,8 @@ impl Pool for LvmPool {
         true
     }
 
-    async fn check(&self) -> Result<()> {
-        lvm::vg(&self.vg).await.map_err(|e| match e {
-            LvmError::NotFound(_) => {
-                self.unavailable(format!("volume group {} not found", self.vg))
-            }
-            other => other.into(),
-        })?;
-        if let Some(thin) = &self.thin {
-            match lvm::lv(&self.vg, thin).await? {
-                Some(lv) if lv.is_thin_pool() => {}
-                Some(_) => {
-                    return Err(self.unavailable(format!("{}/{thin} is not a thin pool", self.vg)))
-                }
-                None => {
-                    return Err(self.unavailable(format!("thin pool {}/{thin} not found", self.vg)))
-                }
-            }
-        }
-        Ok(())
+    async fn health(&self) -> Health {
+        self.health.get(HEALTH_TTL, || self.check_now()).await
     }
 
     async fn create(&self, req: &CreateRequest) -> Result<Volume> {

@@ -24,6 +24,7 @@ fn pool(name: &str, thin: Option<&str>) -> LvmPool {
         default_size: 64 * MI,
         copies: Arc::default(),
         alloc: tokio::sync::Mutex::new(()),
+        health: HealthCache::default(),
     }
 }
 

@@ -86,3 +86,12 @@ app.kubernetes.io/component: node
 {{- end -}}
 {{- toYaml $cfg -}}
 {{- end }}
+
+{{/* The node plugin's PriorityClass name ("" for none). */}}
+{{- define "localvol.priorityClassName" -}}
+{{- if .Values.priorityClass.create -}}
+{{- printf "%s-node-critical" (include "localvol.fullname" .) -}}
+{{- else -}}
+{{- .Values.priorityClass.name -}}
+{{- end -}}
+{{- end }}

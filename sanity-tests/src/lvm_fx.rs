@@ -1,0 +1,119 @@
+//! The fixture of the LVM scenarios run in the VM (`tests/vm_lvm.rs`,
+//! `tests/vm_snapshots.rs`): the real driver serving one LVM pool on a volume
+//! group of its own. What only one of those files needs stays there.
+
+use localvol::csi;
+use tonic::Status;
+
+use crate::{delete_req, lv_name, Driver, DriverOpts, LoopVg, LvRow, LvmKind, LvmPoolOpts, MI};
+
+/// A driver serving one LVM pool ("thick", or "thin" on the thin pool `tp`)
+/// on a VG of its own over a loop device ([`LoopVg`]). Fields drop in order:
+/// the driver (and every mount below its dir) before the VG.
+pub struct LvmFx {
+    pub d: Driver,
+    pub vg: LoopVg,
+    pub kind: LvmKind,
+    /// The pool's name: "thick" or "thin" (see [`LvmFx::serve`] for others).
+    pub pool: &'static str,
+}
+
+impl LvmFx {
+    /// The VG's size, unless the test asks for another.
+    pub const VG_BYTES: u64 = 2 << 30;
+    /// The thin pool's size (thin pools), unless the test asks for another.
+    pub const THIN_BYTES: u64 = 1 << 30;
+    /// Thin pools offer this many times their size (`overprovisionRatio`).
+    pub const THIN_RATIO: f64 = 2.0;
+    /// What every pool keeps back: its `reserve: 64Mi`.
+    pub const RESERVE: i64 = 64 * MI;
+
+    /// A pool of this kind on a [`LvmFx::VG_BYTES`] VG.
+    pub async fn new(kind: LvmKind) -> Self {
+        Self::start(kind, Self::VG_BYTES, Self::THIN_BYTES, |o| o).await
+    }
+
+    /// Like [`LvmFx::new`], with changes to the pool's options.
+    pub async fn with(kind: LvmKind, change: impl FnOnce(LvmPoolOpts) -> LvmPoolOpts) -> Self {
+        Self::start(kind, Self::VG_BYTES, Self::THIN_BYTES, change).await
+    }
+
+    /// Like [`LvmFx::new`], on a VG of `vg_bytes`; a thin pool gets a thin
+    /// pool LV of `thin_bytes`.
+    pub async fn sized(kind: LvmKind, vg_bytes: u64, thin_bytes: u64) -> Self {
+        Self::start(kind, vg_bytes, thin_bytes, |o| o).await
+    }
+
+    /// The general case: a VG of `vg_bytes` (with a thin pool LV `tp` of
+    /// `thin_bytes` for a thin pool) and the pool's options (reserve, thin
+    /// pool and ratio already set) passed through `change`.
+    pub async fn start(
+        kind: LvmKind,
+        vg_bytes: u64,
+        thin_bytes: u64,
+        change: impl FnOnce(LvmPoolOpts) -> LvmPoolOpts,
+    ) -> Self {
+        let (vg, opts, pool) = match kind {
+            LvmKind::Thick => {
+                let vg = LoopVg::create(vg_bytes, None);
+                let o = LvmPoolOpts::new("thick", &vg.vg);
+                (vg, o, "thick")
+            }
+            LvmKind::Thin => {
+                let vg = LoopVg::create(vg_bytes, Some(thin_bytes));
+                let o = LvmPoolOpts::new("thin", &vg.vg)
+                    .thin_pool("tp")
+                    .overprovision_ratio(Self::THIN_RATIO);
+                (vg, o, "thin")
+            }
+        };
+        let opts = change(opts.reserve("64Mi"));
+        Self::serve(kind, pool, vg, DriverOpts::with_lvm_pools(vec![opts])).await
+    }
+
+    /// A driver on `opts` whose pool `pool` lives on `vg`, a VG the test made
+    /// itself (a shape [`LvmFx::start`] cannot make).
+    pub async fn serve(kind: LvmKind, pool: &'static str, vg: LoopVg, opts: DriverOpts) -> Self {
+        let mut d = Driver::new(opts);
+        d.start_again_retrying().await;
+        Self { d, vg, kind, pool }
+    }
+
+    /// The LV behind a volume id.
+    pub fn lv(&self, volume_id: &str) -> Option<LvRow> {
+        self.vg.lv(&lv_name(volume_id))
+    }
+
+    /// Names of every LV in the VG, sorted.
+    pub fn lv_names(&self) -> Vec<String> {
+        let mut v: Vec<String> = self.vg.lvs().into_iter().map(|l| l.name).collect();
+        v.sort();
+        v
+    }
+
+    #[track_caller]
+    pub fn assert_lv_gone(&self, volume_id: &str) {
+        assert!(
+            self.lv(volume_id).is_none(),
+            "the LV of {volume_id} is still there: {:?}",
+            self.lv_names()
+        );
+    }
+
+    /// CreateVolume; the volume it returned.
+    pub async fn create(&self, req: csi::CreateVolumeRequest) -> Result<csi::Volume, Status> {
+        self.d.controller().create_volume(req).await.map(|r| {
+            r.into_inner()
+                .volume
+                .expect("CreateVolume returned no volume")
+        })
+    }
+
+    pub async fn delete_volume(&self, volume_id: &str) -> Result<(), Status> {
+        self.d
+            .controller()
+            .delete_volume(delete_req(volume_id))
+            .await
+            .map(|_| ())
+    }
+}

@@ -1,0 +1,240 @@
+//! Whether an LVM pool can serve: its volume group exists (and its thin pool
+//! is one), as `vgs`/`lvs` report it right now.
+//!
+//! Probe, `/readyz` and every metrics scrape ask, and the liveness-probe
+//! sidecar gives a Probe one second by default: running lvm for each would
+//! queue reports behind a long `lvcreate` holding the VG lock. So the answer
+//! is kept for [`HEALTH_TTL`], and while one check runs, callers get the last
+//! answer instead of starting another (the first caller of all waits for it).
+
+use std::future::Future;
+use std::sync::Mutex;
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+use crate::lvm::{LvInfo, LvmError, VgInfo};
+use crate::pool::{Health, Unusable};
+
+/// How long a health answer is reused.
+pub const HEALTH_TTL: Duration = Duration::from_secs(5);
+
+/// The pool's health from its VG report and, for a thin pool, the report of
+/// that LV (`None`: no such LV). A report that failed for another reason than
+/// "not found" is [`Unusable::CheckFailed`]: lvm cannot say that the pool
+/// works.
+pub fn judge(
+    vg: &str,
+    vg_report: Result<VgInfo, LvmError>,
+    thin: Option<(&str, Result<Option<LvInfo>, LvmError>)>,
+) -> Health {
+    match vg_report {
+        Ok(_) => {}
+        Err(LvmError::NotFound(_)) => {
+            return Health::Unusable(Unusable::VolumeGroupMissing { vg: vg.to_owned() })
+        }
+        Err(e) => return Health::Unusable(Unusable::CheckFailed(e.to_string())),
+    }
+    let Some((thin, report)) = thin else {
+        return Health::Ready;
+    };
+    let names = || (vg.to_owned(), thin.to_owned());
+    match report {
+        Ok(Some(lv)) if lv.is_thin_pool() => Health::Ready,
+        Ok(Some(_)) => {
+            let (vg, thin) = names();
+            Health::Unusable(Unusable::NotAThinPool { vg, thin })
+        }
+        Ok(None) | Err(LvmError::NotFound(_)) => {
+            let (vg, thin) = names();
+            Health::Unusable(Unusable::ThinPoolMissing { vg, thin })
+        }
+        Err(e) => Health::Unusable(Unusable::CheckFailed(e.to_string())),
+    }
+}
+
+/// The last health answer and when it was found.
+#[derive(Default)]
+pub struct HealthCache {
+    last: Mutex<Option<(Instant, Health)>>,
+    running: tokio::sync::Mutex<()>,
+}
+
+impl HealthCache {
+    /// The cached answer while it is younger than `ttl`; else runs `check`
+    /// (one at a time: while one runs, the last answer is returned).
+    pub async fn get<F, Fut>(&self, ttl: Duration, check: F) -> Health
+    where
+        F: FnOnce() -> Fut,
+        Fut: Future<Output = Health>,
+    {
+        let last = self.last.lock().unwrap().clone();
+        if let Some((at, h)) = &last {
+            if at.elapsed() < ttl {
+                return h.clone();
+            }
+        }
+        let _running = match (self.running.try_lock(), last) {
+            (Ok(guard), _) => guard,
+            (Err(_), Some((_, h))) => return h,
+            // Nothing known yet: wait for the check that runs.
+            (Err(_), None) => {
+                let guard = self.running.lock().await;
+                if let Some((_, h)) = self.last.lock().unwrap().clone() {
+                    return h;
+                }
+                guard
+            }
+        };
+        let h = check().await;
+        *self.last.lock().unwrap() = Some((Instant::now(), h.clone()));
+        h
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::command::CommandError;
+    use crate::lvm::{parse_lvs, parse_vgs};
+
+    const VGS: &str = include_str!("../../../tests/fixtures/lvm/vgs-thick.json");
+    const LVS_THIN: &str = include_str!("../../../tests/fixtures/lvm/lvs-thin.json");
+
+    fn vg() -> Result<VgInfo, LvmError> {
+        Ok(parse_vgs(VGS).unwrap().remove(0))
+    }
+
+    fn lv(name: &str) -> Result<Option<LvInfo>, LvmError> {
+        Ok(parse_lvs(LVS_THIN)
+            .unwrap()
+            .into_iter()
+            .find(|l| l.name == name))
+    }
+
+    fn failed(stderr: &str) -> LvmError {
+        crate::lvm::classify(CommandError::Failed {
+            program: "lvm".into(),
+            code: Some(5),
+            stdout: String::new(),
+            stderr: stderr.into(),
+        })
+    }
+
+    #[test]
+    fn a_present_vg_is_ready() {
+        assert_eq!(judge("fxvg", vg(), None), Health::Ready);
+    }
+
+    #[test]
+    fn a_missing_vg_is_unusable() {
+        // What vgs says for a VG that is not there (lvm 2.03).
+        let err = failed("  Volume group \"gone\" not found\n  Cannot process volume group gone\n");
+        assert_eq!(
+            judge("gone", Err(err), None),
+            Health::Unusable(Unusable::VolumeGroupMissing { vg: "gone".into() })
+        );
+    }
+
+    #[test]
+    fn an_lvm_that_cannot_answer_is_not_called_healthy() {
+        let err = LvmError::Command(CommandError::Timeout {
+            program: "lvm".into(),
+            after: Duration::from_secs(60),
+        });
+        assert!(matches!(
+            judge("fxvg", Err(err), None),
+            Health::Unusable(Unusable::CheckFailed(_))
+        ));
+    }
+
+    #[test]
+    fn thin_pools_must_exist_and_be_thin_pools() {
+        let lvs = parse_lvs(LVS_THIN).unwrap();
+        let pool = lvs.iter().find(|l| l.is_thin_pool()).unwrap().name.clone();
+        let other = lvs.iter().find(|l| !l.is_thin_pool()).unwrap().name.clone();
+        assert_eq!(judge("fxvg", vg(), Some((&pool, lv(&pool)))), Health::Ready);
+        assert_eq!(
+            judge("fxvg", vg(), Some((&other, lv(&other)))),
+            Health::Unusable(Unusable::NotAThinPool {
+                vg: "fxvg".into(),
+                thin: other.clone()
+            })
+        );
+        assert_eq!(
+            judge("fxvg", vg(), Some(("nope", Ok(None)))),
+            Health::Unusable(Unusable::ThinPoolMissing {
+                vg: "fxvg".into(),
+                thin: "nope".into()
+            })
+        );
+        // The VG is judged first.
+        assert!(matches!(
+            judge(
+                "fxvg",
+                Err(failed("Volume group \"fxvg\" not found")),
+                Some((&pool, lv(&pool)))
+            ),
+            Health::Unusable(Unusable::VolumeGroupMissing { .. })
+        ));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn answers_are_reused_for_the_ttl() {
+        let cache = HealthCache::default();
+        let runs = std::sync::atomic::AtomicUsize::new(0);
+        let check = |h: Health| {
+            runs.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            async move { h }
+        };
+        assert_eq!(
+            cache.get(HEALTH_TTL, || check(Health::Ready)).await,
+            Health::Ready
+        );
+        let gone = Health::Unusable(Unusable::VolumeGroupMissing { vg: "v".into() });
+        // Within the TTL: the cached answer, no second run.
+        tokio::time::advance(HEALTH_TTL - Duration::from_millis(1)).await;
+        assert_eq!(
+            cache.get(HEALTH_TTL, || check(gone.clone())).await,
+            Health::Ready
+        );
+        assert_eq!(runs.load(std::sync::atomic::Ordering::SeqCst), 1);
+        // After it: checked again.
+        tokio::time::advance(Duration::from_millis(1)).await;
+        assert_eq!(cache.get(HEALTH_TTL, || check(gone.clone())).await, gone);
+        assert_eq!(runs.load(std::sync::atomic::Ordering::SeqCst), 2);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn while_a_check_runs_others_get_the_last_answer() {
+        let cache = std::sync::Arc::new(HealthCache::default());
+        assert_eq!(
+            cache.get(HEALTH_TTL, || async { Health::Ready }).await,
+            Health::Ready
+        );
+        tokio::time::advance(HEALTH_TTL).await;
+        let (release, wait) = tokio::sync::oneshot::channel::<()>();
+        let slow = {
+            let cache = cache.clone();
+            tokio::spawn(async move {
+                cache
+                    .get(HEALTH_TTL, || async move {
+                        wait.await.unwrap();
+                        Health::Unusable(Unusable::CheckFailed("late".into()))
+                    })
+                    .await
+            })
+        };
+        tokio::task::yield_now().await;
+        // The slow check holds the lock: this caller does not wait for it.
+        let h = cache
+            .get(HEALTH_TTL, || async { panic!("a second check ran") })
+            .await;
+        assert_eq!(h, Health::Ready);
+        release.send(()).unwrap();
+        assert!(matches!(
+            slow.await.unwrap(),
+            Health::Unusable(Unusable::CheckFailed(_))
+        ));
+    }
+}
