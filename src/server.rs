@@ -60,6 +60,12 @@ pub const MAX_WORKERS: usize = 4;
 /// on the disk). Without a limit every concurrent request gets a thread of
 /// its own, each with its stack and, before the arena limit, its own heap.
 pub const BLOCKING_PER_CORE: usize = 4;
+/// Blocking threads, at least, whatever the core count: a syscall on a hung
+/// device (a mount, an fsync) holds its thread until the device answers, and
+/// requests for other volumes must still find threads meanwhile. Idle
+/// threads exit after tokio's keep-alive (10 s), so the floor costs nothing
+/// when the driver is quiet.
+pub const MIN_BLOCKING: usize = 32;
 /// glibc malloc arenas, at most (glibc's default is 8 per core, so every
 /// blocking thread gets a heap of its own that keeps freed memory around).
 pub const MALLOC_ARENAS: i32 = 2;
@@ -80,7 +86,7 @@ pub fn runtime() -> std::io::Result<tokio::runtime::Runtime> {
     tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .worker_threads(cores.min(MAX_WORKERS))
-        .max_blocking_threads(cores * BLOCKING_PER_CORE)
+        .max_blocking_threads((cores * BLOCKING_PER_CORE).max(MIN_BLOCKING))
         .build()
 }
 
