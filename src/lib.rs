@@ -16,6 +16,7 @@ pub mod ids;
 mod k8s;
 mod locks;
 pub mod lvm;
+mod memory;
 pub mod metrics;
 pub mod mount;
 mod nodeops;

@@ -529,6 +529,9 @@ impl csi::controller_server::Controller for ControllerService {
             }
             let end = max.min(all.len());
             let next_token = all.get(end).map(|v| v.id.clone()).unwrap_or_default();
+            if end >= crate::memory::LARGE_ANSWER {
+                crate::memory::release_soon();
+            }
             Ok(csi::ListVolumesResponse {
                 entries: all[..end]
                     .iter()
@@ -736,6 +739,9 @@ impl csi::controller_server::Controller for ControllerService {
             all.sort_by(|a, b| a.id.cmp(&b.id));
             let (start, end, next_token) =
                 page(&all, |s| &s.id, &req.starting_token, max, "snapshot")?;
+            if end - start >= crate::memory::LARGE_ANSWER {
+                crate::memory::release_soon();
+            }
             Ok(csi::ListSnapshotsResponse {
                 entries: all[start..end]
                     .iter()
