@@ -254,6 +254,10 @@ async fn scenarios_report_and_leave_nothing() {
     assert_eq!(round["listed"], 20, "{r}");
     assert_eq!(round["pages_per_pass"], 3, "{r}");
     assert!(round["rss_bytes"].as_u64().unwrap() > 1 << 20, "{r}");
+    assert!(
+        round["rss_after_list_bytes"].as_u64().unwrap() > 1 << 20,
+        "{r}"
+    );
     assert_nothing_left(&d).await;
     assert_eq!(
         std::fs::read_dir(&work).unwrap().count(),
