@@ -7,7 +7,8 @@
 
 use std::ffi::OsString;
 use std::fmt;
-use std::process::Stdio;
+use std::path::Path;
+use std::process::{ExitStatus, Stdio};
 use std::time::Duration;
 
 use tokio::process::Command;
@@ -160,6 +161,87 @@ impl Cmd {
     }
 }
 
+/// A program left running by [`Cmd::start`] (the bench's driver under test):
+/// killed when dropped, like every other child.
+pub struct Running {
+    program: String,
+    child: tokio::process::Child,
+}
+
+impl Cmd {
+    /// Starts the program and returns at once, for a server that runs until
+    /// [`Running::stop`]; the timeout does not apply. Its stdout and stderr
+    /// are appended to `log` (created if missing), or dropped.
+    pub fn start(self, log: Option<&Path>) -> Result<Running, CommandError> {
+        let spawn_err = |source| CommandError::Spawn {
+            program: self.program.clone(),
+            source,
+        };
+        let (out, err) = match log {
+            Some(p) => {
+                let f = std::fs::OpenOptions::new()
+                    .create(true)
+                    .append(true)
+                    .open(p)
+                    .map_err(spawn_err)?;
+                let f2 = f.try_clone().map_err(spawn_err)?;
+                (Stdio::from(f), Stdio::from(f2))
+            }
+            None => (Stdio::null(), Stdio::null()),
+        };
+        let mut cmd = Command::new(&self.program);
+        cmd.args(&self.args)
+            .env("LC_ALL", "C")
+            .stdin(Stdio::null())
+            .stdout(out)
+            .stderr(err)
+            .kill_on_drop(true);
+        for (k, v) in &self.env {
+            cmd.env(k, v);
+        }
+        tracing::debug!(command = ?self, "starting");
+        let child = cmd.spawn().map_err(spawn_err)?;
+        Ok(Running {
+            program: self.program,
+            child,
+        })
+    }
+}
+
+impl Running {
+    /// The process id (None once it has been reaped).
+    pub fn pid(&self) -> Option<u32> {
+        self.child.id()
+    }
+
+    /// How it ended, if it already has.
+    pub fn exited(&mut self) -> Option<ExitStatus> {
+        self.child.try_wait().ok().flatten()
+    }
+
+    /// Asks it to end (SIGTERM), waits up to `grace`, then kills it.
+    pub async fn stop(mut self, grace: Duration) -> Result<ExitStatus, CommandError> {
+        if let Some(pid) = self.child.id() {
+            let pid = nix::unistd::Pid::from_raw(pid as i32);
+            let _ = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM);
+        }
+        let spawn_err = |source| CommandError::Spawn {
+            program: self.program.clone(),
+            source,
+        };
+        match tokio::time::timeout(grace, self.child.wait()).await {
+            Ok(r) => r.map_err(spawn_err),
+            Err(_) => {
+                let _ = self.child.kill().await;
+                Err(CommandError::Timeout {
+                    program: self.program.clone(),
+                    after: grace,
+                })
+            }
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -220,6 +302,31 @@ mod tests {
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
         assert!(gone, "child {pid} still running after timeout");
+    }
+
+    #[tokio::test]
+    async fn started_program_runs_until_stopped() {
+        let dir = tempfile::tempdir().unwrap();
+        let log = dir.path().join("log");
+        let mut r = Cmd::new("sh")
+            .args(["-c", "echo up; exec sleep 30"])
+            .start(Some(&log))
+            .unwrap();
+        assert!(r.pid().is_some());
+        let mut up = false;
+        for _ in 0..100 {
+            up = std::fs::read_to_string(&log)
+                .unwrap_or_default()
+                .contains("up");
+            if up {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        assert!(up, "no output in the log");
+        assert!(r.exited().is_none());
+        let status = r.stop(Duration::from_secs(5)).await.unwrap();
+        assert!(!status.success(), "ended by SIGTERM: {status}");
     }
 
     #[tokio::test]

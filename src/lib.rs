@@ -4,7 +4,7 @@
 
 mod authority;
 pub mod blockdev;
-mod command;
+pub mod command;
 pub mod config;
 pub mod controller;
 pub mod discovery;
@@ -16,6 +16,7 @@ pub mod ids;
 mod k8s;
 mod locks;
 pub mod lvm;
+mod memory;
 pub mod metrics;
 pub mod mount;
 mod nodeops;

@@ -12,21 +12,45 @@ pub struct Busy {
     pub what: String,
 }
 
-#[derive(Clone, Default)]
+/// Shards of the busy set: operations on different volumes take different
+/// mutexes, so concurrent requests do not queue on one lock.
+const SHARDS: usize = 64;
+
+type Shards = Arc<[Mutex<HashSet<String>>]>;
+
+#[derive(Clone)]
 pub struct VolumeLocks {
-    // Held only for a set insert or removal, never across I/O or an await.
-    busy: Arc<Mutex<HashSet<String>>>,
+    // Each held only for a set insert or removal, never across I/O or an await.
+    busy: Shards,
+}
+
+impl Default for VolumeLocks {
+    fn default() -> Self {
+        VolumeLocks {
+            busy: (0..SHARDS).map(|_| Mutex::default()).collect(),
+        }
+    }
 }
 
 /// Releases the volume when dropped.
 pub struct VolumeGuard {
-    busy: Arc<Mutex<HashSet<String>>>,
+    busy: Shards,
+    shard: usize,
     key: String,
+}
+
+/// The shard of a key (FNV-1a of its bytes).
+fn shard_of(key: &str) -> usize {
+    let h = key.bytes().fold(0xcbf2_9ce4_8422_2325_u64, |h, b| {
+        (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
+    });
+    (h % SHARDS as u64) as usize
 }
 
 impl VolumeLocks {
     pub fn try_lock(&self, key: &str, what: &str) -> Result<VolumeGuard, Busy> {
-        let mut busy = self.busy.lock().expect("lock poisoned");
+        let shard = shard_of(key);
+        let mut busy = self.busy[shard].lock().expect("lock poisoned");
         if !busy.insert(key.to_owned()) {
             return Err(Busy {
                 what: what.to_owned(),
@@ -34,6 +58,7 @@ impl VolumeLocks {
         }
         Ok(VolumeGuard {
             busy: self.busy.clone(),
+            shard,
             key: key.to_owned(),
         })
     }
@@ -41,7 +66,7 @@ impl VolumeLocks {
 
 impl Drop for VolumeGuard {
     fn drop(&mut self) {
-        if let Ok(mut busy) = self.busy.lock() {
+        if let Ok(mut busy) = self.busy[self.shard].lock() {
             busy.remove(&self.key);
         }
     }
@@ -59,5 +84,26 @@ mod tests {
         let _other = locks.try_lock("b", "volume b").unwrap();
         drop(g);
         locks.try_lock("a", "volume a").unwrap();
+    }
+
+    #[test]
+    fn released_keys_leave_nothing_behind() {
+        let locks = VolumeLocks::default();
+        let guards: Vec<_> = (0..1000)
+            .map(|i| locks.try_lock(&format!("k{i}"), "v").unwrap())
+            .collect();
+        let held = |l: &VolumeLocks| {
+            l.busy
+                .iter()
+                .map(|s| s.lock().unwrap().len())
+                .sum::<usize>()
+        };
+        assert_eq!(held(&locks), 1000);
+        assert!(
+            locks.busy.iter().all(|s| !s.lock().unwrap().is_empty()),
+            "keys spread over every shard"
+        );
+        drop(guards);
+        assert_eq!(held(&locks), 0);
     }
 }

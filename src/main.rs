@@ -166,10 +166,24 @@ async fn serve(args: ServeArgs) -> Result<(), String> {
         .map_err(|e| e.to_string())
 }
 
-#[tokio::main]
-async fn main() -> ExitCode {
+fn main() -> ExitCode {
     let cli = Cli::parse();
     init_logging(cli.log_format);
+    // The driver runs on its own tuned runtime; the clients on tokio's default.
+    let rt = match cli.command {
+        Command::Serve(_) => server::runtime(),
+        _ => tokio::runtime::Runtime::new(),
+    };
+    match rt {
+        Ok(rt) => rt.block_on(run(cli)),
+        Err(e) => {
+            eprintln!("localvol: starting the async runtime: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+async fn run(cli: Cli) -> ExitCode {
     let res = match cli.command {
         Command::Serve(a) => serve(a).await,
         Command::Client(a) => return cli::client::main(a).await,

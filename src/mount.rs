@@ -264,6 +264,79 @@ fn unescape(raw: &[u8]) -> PathBuf {
     PathBuf::from(OsString::from_vec(out))
 }
 
+/// What a path resolves to, from one `statx` and without the mount table:
+/// the filesystem (`dev`) and inode it lands on, and whether that inode is
+/// the root of a mount, i.e. whether something is mounted at the path.
+///
+/// Two paths with the same `(dev, ino)` are the same inode; for directories
+/// (which have one name) the same directory. A bind mount of a directory has
+/// that directory as its root, so "is `staging` a bind of the volume
+/// directory" is `probe(staging).mount_root && probe(staging).same_inode(probe(dir))`,
+/// exactly what comparing their [`Location`]s in the table answers. A
+/// directory removed while a mount still holds it keeps its inode number
+/// until the mount goes, so a live directory never shares a number with it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Probe {
+    pub dev: (u32, u32),
+    pub ino: u64,
+    /// Something is mounted at the path (the top of its stack is what `dev`
+    /// and `ino` describe).
+    pub mount_root: bool,
+    pub is_dir: bool,
+}
+
+impl Probe {
+    pub fn same_inode(&self, other: &Probe) -> bool {
+        self.dev == other.dev && self.ino == other.ino
+    }
+}
+
+/// `statx(path, AT_SYMLINK_NOFOLLOW)` (blocking). `Ok(None)` when the path does
+/// not exist, an error with kind `Unsupported` when the kernel does not say
+/// whether a path is a mount root (`STATX_ATTR_MOUNT_ROOT`, Linux 5.8): then
+/// the caller reads the table instead.
+pub fn probe(path: &Path) -> Result<Option<Probe>, IoError> {
+    use std::os::unix::ffi::OsStrExt;
+    let c = std::ffi::CString::new(path.as_os_str().as_bytes()).map_err(|_| {
+        IoError::new(
+            format!("statx {path:?}"),
+            std::io::Error::from(ErrorKind::InvalidInput),
+        )
+    })?;
+    // SAFETY: statx writes at most one `struct statx` into the zeroed buffer,
+    // which lives for the call; the path is a valid NUL-terminated string.
+    let mut stx: libc::statx = unsafe { std::mem::zeroed() };
+    let r = unsafe {
+        libc::statx(
+            libc::AT_FDCWD,
+            c.as_ptr(),
+            libc::AT_SYMLINK_NOFOLLOW | libc::AT_STATX_SYNC_AS_STAT,
+            libc::STATX_TYPE | libc::STATX_INO,
+            &mut stx,
+        )
+    };
+    if r != 0 {
+        let e = std::io::Error::last_os_error();
+        if matches!(e.kind(), ErrorKind::NotFound) {
+            return Ok(None);
+        }
+        return Err(IoError::new(format!("statx {path:?}"), e));
+    }
+    let root_bit = libc::STATX_ATTR_MOUNT_ROOT as u64;
+    if stx.stx_attributes_mask & root_bit == 0 || stx.stx_mask & libc::STATX_INO == 0 {
+        return Err(IoError::new(
+            format!("statx {path:?}: the kernel does not report mount roots"),
+            std::io::Error::from(ErrorKind::Unsupported),
+        ));
+    }
+    Ok(Some(Probe {
+        dev: (stx.stx_dev_major, stx.stx_dev_minor),
+        ino: stx.stx_ino,
+        mount_root: stx.stx_attributes & root_bit != 0,
+        is_dir: u32::from(stx.stx_mode) & libc::S_IFMT == libc::S_IFDIR,
+    }))
+}
+
 /// Per-mount flags a request may ask for on a bind mount.
 pub fn parse_bind_flag(opt: &str) -> Option<MountFlags> {
     Some(match opt {
@@ -492,6 +565,39 @@ mod tests {
         // Blank lines and a missing final newline are fine.
         let t = MountTable::parse("\n22 27 0:21 / /proc rw - proc proc rw").unwrap();
         assert_eq!(t.entries.len(), 1);
+    }
+
+    /// A bind shows as a mount root with the source directory's inode; a
+    /// plain directory is no mount root; a missing path is None. Real
+    /// mounts: needs root.
+    #[test]
+    fn probe_tells_mount_roots_and_their_inodes() {
+        let d = tempfile::tempdir().unwrap();
+        let (src, other, at) = (
+            d.path().join("src"),
+            d.path().join("other"),
+            d.path().join("at"),
+        );
+        for p in [&src, &other, &at] {
+            fs::create_dir(p).unwrap();
+        }
+        assert_eq!(probe(&d.path().join("missing")).unwrap(), None);
+        let plain = probe(&at).unwrap().unwrap();
+        assert!(!plain.mount_root && plain.is_dir);
+        let s = probe(&src).unwrap().unwrap();
+        assert!(!s.same_inode(&plain));
+        bind(&src, &at, MountFlags::empty()).unwrap();
+        let m = probe(&at).unwrap().unwrap();
+        assert!(m.mount_root && m.same_inode(&s), "{m:?} {s:?}");
+        assert!(!m.same_inode(&probe(&other).unwrap().unwrap()));
+        // The table agrees: the mount at `at` is `src`'s location.
+        let t = MountTable::read().unwrap();
+        assert_eq!(t.at(&at).unwrap().location(), t.locate(&src).unwrap());
+        unmount(&at).unwrap();
+        assert!(!probe(&at).unwrap().unwrap().mount_root);
+        let f = d.path().join("file");
+        fs::write(&f, b"x").unwrap();
+        assert!(!probe(&f).unwrap().unwrap().is_dir);
     }
 
     #[test]

@@ -15,10 +15,19 @@
 //! path), so a step is OK when already done with the same volume and refused
 //! when something else is there.
 //!
-//! Each step reads the mount table once, at its start, and takes all of its
-//! decisions from that one live reading: where the volume is, what is at the
-//! staging path, what is at the target, and which stacked mounts an unmount
-//! removes. Nothing is kept from one call to the next.
+//! Each decision is taken from live kernel state, and nothing is kept from one
+//! call to the next. Reading the whole mount table costs in proportion to
+//! every mount on the node (secrets, tokens and volumes of every pod), so the
+//! common cases are first answered by `statx` of the paths involved
+//! ([`mount::probe`]): "nothing is mounted at this path" is exact from one
+//! call, and so is "the mount at this path is this directory volume" (the
+//! mount's root is the volume directory's inode). Whenever the probes do not
+//! settle a step (something else is mounted there, a device volume's
+//! filesystem, a SINGLE_NODE_SINGLE_WRITER check that needs every mount of
+//! the volume, an old kernel), the step reads the mount table once, at that
+//! point, and takes all of its remaining decisions from that one reading:
+//! where the volume is, what is at the staging path, what is at the target,
+//! and which stacked mounts an unmount removes.
 
 use std::fs;
 use std::io::ErrorKind;
@@ -28,7 +37,7 @@ use std::path::{Path, PathBuf};
 use sys_mount::MountFlags;
 
 use crate::error::{IoContext, IoError};
-use crate::mount::{self, Location, MountError, MountTable};
+use crate::mount::{self, Location, MountError, MountTable, Probe};
 use crate::pool::{AccessType, Source};
 
 /// Why a node step (stage, publish, their inverses) did not happen.
@@ -78,6 +87,50 @@ fn describe(m: &mount::MountEntry) -> String {
 /// How many stacked mounts an unmount loop removes before it gives up.
 const MAX_STACKED: usize = 16;
 
+/// What one `statx` shows at a path.
+enum Seen {
+    Missing,
+    /// The path exists and nothing is mounted at it.
+    Unmounted(Probe),
+    /// Something is mounted at it; the probe describes the top mount's root.
+    Mounted(Probe),
+    /// The kernel does not report mount roots: read the table.
+    Unknown,
+}
+
+fn look(path: &Path) -> Result<Seen> {
+    match mount::probe(path) {
+        Ok(None) => Ok(Seen::Missing),
+        Ok(Some(p)) if p.mount_root => Ok(Seen::Mounted(p)),
+        Ok(Some(p)) => Ok(Seen::Unmounted(p)),
+        Err(e) if e.kind() == ErrorKind::Unsupported => Ok(Seen::Unknown),
+        Err(e) => Err(e.into()),
+    }
+}
+
+/// Whether nothing is mounted at `path` (a missing path holds nothing);
+/// None when only the table can say.
+fn nothing_at(path: &Path) -> Result<Option<bool>> {
+    Ok(match look(path)? {
+        Seen::Missing | Seen::Unmounted(_) => Some(true),
+        Seen::Mounted(_) => Some(false),
+        Seen::Unknown => None,
+    })
+}
+
+/// A directory volume's probe: the errors of [`locate_dir`] for a missing
+/// directory or another kind of file, None when only the table can say.
+fn probe_dir(src: &Path) -> Result<Option<Probe>> {
+    match look(src)? {
+        Seen::Missing => Err(NodeError::VolumeDirMissing { path: src.into() }),
+        Seen::Mounted(p) | Seen::Unmounted(p) if !p.is_dir => {
+            Err(NodeError::NotADirectory { path: src.into() })
+        }
+        Seen::Mounted(p) | Seen::Unmounted(p) => Ok(Some(p)),
+        Seen::Unknown => Ok(None),
+    }
+}
+
 /// Where a directory volume lives in the mount table.
 pub fn locate_dir(table: &MountTable, src: &Path) -> Result<Location> {
     let md = fs::symlink_metadata(src).map_err(|e| match e.kind() {
@@ -95,34 +148,40 @@ pub fn locate_dir(table: &MountTable, src: &Path) -> Result<Location> {
 /// What a mount of this volume looks like in the mount table: for a directory,
 /// the directory's location; for a device's filesystem, the device's
 /// `major:minor` and `/`; for a raw block volume, the device node's location.
-/// Reads the mount table; [`locate_volume`] takes one already read.
-pub fn volume_location(src: &Source, access: AccessType) -> Result<Location> {
-    locate_volume(&MountTable::read()?, src, access)
-}
-
-/// [`volume_location`] in a mount table the caller has read.
 pub fn locate_volume(table: &MountTable, src: &Source, access: AccessType) -> Result<Location> {
     match (src, access) {
         (Source::Directory(p), _) => locate_dir(table, p),
-        (Source::Device(dev), AccessType::Mount) => {
-            let (_, md) = mount::block_device(dev)?;
-            let rdev = md.rdev();
-            Ok(Location {
-                dev: format!("{}:{}", libc::major(rdev), libc::minor(rdev)),
-                root: PathBuf::from("/"),
-            })
-        }
+        (Source::Device(dev), AccessType::Mount) => device_fs_location(dev),
         (Source::Device(dev), AccessType::Block) => Ok(mount::locate_device_node(table, dev)?),
     }
 }
 
-/// Whether `staging` already holds the device's filesystem. Something else
-/// there is ALREADY_EXISTS.
-pub fn is_staged(staging: &Path, want: &Location) -> Result<bool> {
-    staged_in(&MountTable::read()?, staging, want)
+/// What a mount of a device's filesystem shows in the mount table: the
+/// device's `major:minor` and `/` (no table needed).
+pub fn device_fs_location(dev: &Path) -> Result<Location> {
+    let (_, md) = mount::block_device(dev)?;
+    let rdev = md.rdev();
+    Ok(Location {
+        dev: format!("{}:{}", libc::major(rdev), libc::minor(rdev)),
+        root: PathBuf::from("/"),
+    })
 }
 
-/// [`is_staged`] in a mount table the caller has read.
+/// The filesystem type at `staging` when it already holds the device's
+/// filesystem (`want`), None when nothing is mounted there. Something else
+/// there is ALREADY_EXISTS.
+pub fn staged_fs_type(staging: &Path, want: &Location) -> Result<Option<String>> {
+    if nothing_at(staging)? == Some(true) {
+        return Ok(None);
+    }
+    let table = MountTable::read()?;
+    Ok(match staged_in(&table, staging, want)? {
+        true => table.at(staging).map(|m| m.fs_type.clone()),
+        false => None,
+    })
+}
+
+/// Whether `staging` holds the device's filesystem, in a table the caller has read.
 fn staged_in(table: &MountTable, staging: &Path, want: &Location) -> Result<bool> {
     match table.at(staging) {
         None => Ok(false),
@@ -143,14 +202,9 @@ pub fn stage_device(
     flags: MountFlags,
     data: &str,
 ) -> Result<()> {
-    let table = MountTable::read()?;
-    let want = locate_volume(
-        &table,
-        &Source::Device(dev.to_path_buf()),
-        AccessType::Mount,
-    )?;
+    let want = device_fs_location(dev)?;
     ensure_mount_dir(staging)?;
-    if staged_in(&table, staging, &want)? {
+    if nothing_at(staging)? != Some(true) && staged_in(&MountTable::read()?, staging, &want)? {
         return Ok(());
     }
     Ok(mount::mount_device(dev, staging, fs_type, flags, data)?)
@@ -174,22 +228,26 @@ pub fn publish_block(
     single_writer: bool,
 ) -> Result<()> {
     let (real, _) = mount::block_device(dev)?;
-    let table = MountTable::read()?;
-    let want = table
-        .locate(&real)
-        .ok_or(MountError::Unlocated { path: real.clone() })?;
-    // Already bound: the target now shows the device node, not a file.
-    if let Some(m) = table.at(target) {
-        if m.location() == want && m.read_only == read_only {
-            return Ok(());
+    // Nothing at the target and no other publication to look for: nothing
+    // to compare, no table.
+    if single_writer || nothing_at(target)? != Some(true) {
+        let table = MountTable::read()?;
+        let want = table
+            .locate(&real)
+            .ok_or(MountError::Unlocated { path: real.clone() })?;
+        // Already bound: the target now shows the device node, not a file.
+        if let Some(m) = table.at(target) {
+            if m.location() == want && m.read_only == read_only {
+                return Ok(());
+            }
+            return Err(NodeError::Occupied {
+                path: target.into(),
+                found: format!("{}, read-only {}", describe(m), m.read_only),
+            });
         }
-        return Err(NodeError::Occupied {
-            path: target.into(),
-            found: format!("{}, read-only {}", describe(m), m.read_only),
-        });
-    }
-    if single_writer {
-        refuse_other_mounts(&table, scope, &want, &[target])?;
+        if single_writer {
+            refuse_other_mounts(&table, scope, &want, &[target])?;
+        }
     }
     match fs::symlink_metadata(target) {
         Ok(md) if md.is_file() => {}
@@ -246,6 +304,15 @@ fn ensure_mount_dir(path: &Path) -> Result<()> {
 /// Binds a directory volume onto `staging`. Already staged from the same
 /// directory: OK. Something else mounted there: ALREADY_EXISTS.
 pub fn stage_dir(src: &Path, staging: &Path) -> Result<()> {
+    if let Some(vol) = probe_dir(src)? {
+        ensure_mount_dir(staging)?;
+        match look(staging)? {
+            Seen::Unmounted(_) => return Ok(mount::bind(src, staging, MountFlags::empty())?),
+            Seen::Mounted(p) if p.same_inode(&vol) => return Ok(()),
+            // Something else is there: the table describes it.
+            _ => {}
+        }
+    }
     let table = MountTable::read()?;
     let want = locate_dir(&table, src)?;
     ensure_mount_dir(staging)?;
@@ -383,6 +450,9 @@ fn refuse_other_mounts(
 /// staging path.
 /// `scope`: the kubelet dir, where a pod's mounts of the volume would be.
 pub fn unstage(scope: &Path, path: &Path, volume: Option<&Source>) -> Result<()> {
+    if nothing_at(path)? == Some(true) {
+        return Ok(());
+    }
     let table = MountTable::read()?;
     let ours = Ours::of(&table, volume.map(|s| (s, AccessType::Mount)));
     if let Some(loc) = ours.location() {
@@ -433,6 +503,9 @@ fn device_locations(table: &MountTable, dev: &Path) -> Option<Vec<Location>> {
 /// are not mounted at staging), so a bind of the device node there is a pod's
 /// target and stays.
 pub fn unstage_device(scope: &Path, path: &Path, dev: &Path) -> Result<bool> {
+    if nothing_at(path)? == Some(true) {
+        return Ok(mount::block_device(dev).is_ok());
+    }
     let table = MountTable::read()?;
     let Some(expected) = device_locations(&table, dev) else {
         return Ok(false);
@@ -447,6 +520,13 @@ pub fn unstage_device(scope: &Path, path: &Path, dev: &Path) -> Result<bool> {
 /// [`unstage_device`].
 /// (`_scope` is unused: any number of pods may go.)
 pub fn unpublish_device(_scope: &Path, target: &Path, dev: &Path) -> Result<bool> {
+    if nothing_at(target)? == Some(true) {
+        if mount::block_device(dev).is_err() {
+            return Ok(false);
+        }
+        remove_target(target)?;
+        return Ok(true);
+    }
     let table = MountTable::read()?;
     let Some(expected) = device_locations(&table, dev) else {
         return Ok(false);
@@ -474,6 +554,17 @@ pub fn publish(
     flags: MountFlags,
     single_writer: bool,
 ) -> Result<()> {
+    let want_ro = read_only || flags.contains(MountFlags::RDONLY);
+    let flags = if want_ro {
+        flags | MountFlags::RDONLY
+    } else {
+        flags
+    };
+    if let (Source::Directory(dir), false) = (src, single_writer) {
+        if publish_dir_probed(dir, staging, target, flags)? {
+            return Ok(());
+        }
+    }
     let table = MountTable::read()?;
     // The staging path must hold this volume, not whatever is there.
     let volume = &locate_volume(&table, src, access)?;
@@ -490,7 +581,6 @@ pub fn publish(
             found: Some(format!("{}:{:?}", staged.dev, staged.root)),
         });
     }
-    let want_ro = read_only || flags.contains(MountFlags::RDONLY);
     if let Some(m) = table.at(target) {
         if m.location() == staged && m.read_only == want_ro {
             return Ok(());
@@ -511,12 +601,13 @@ pub fn publish(
     if single_writer {
         refuse_other_mounts(&table, scope, volume, &[staging, target])?;
     }
+    bind_target(staging, target, flags)
+}
+
+/// Creates the target directory and binds the staging path onto it; a
+/// failed bind takes the new directory away again.
+fn bind_target(staging: &Path, target: &Path, flags: MountFlags) -> Result<()> {
     ensure_mount_dir(target)?;
-    let flags = if want_ro {
-        flags | MountFlags::RDONLY
-    } else {
-        flags
-    };
     if let Err(e) = mount::bind(staging, target, flags) {
         let _ = fs::remove_dir(target);
         return Err(e.into());
@@ -524,10 +615,64 @@ pub fn publish(
     Ok(())
 }
 
+/// [`publish`] of a directory volume decided by probes alone: done (`true`)
+/// when the staging path holds the volume directory and nothing is mounted
+/// at the target yet, the common case. `false`, having done nothing, for
+/// anything else (not staged, something at the target, an old kernel): the
+/// caller decides from the table.
+fn publish_dir_probed(
+    dir: &Path,
+    staging: &Path,
+    target: &Path,
+    flags: MountFlags,
+) -> Result<bool> {
+    let Some(vol) = probe_dir(dir)? else {
+        return Ok(false);
+    };
+    if !matches!(look(staging)?, Seen::Mounted(p) if p.same_inode(&vol)) {
+        return Ok(false);
+    }
+    if nothing_at(target)? != Some(true) {
+        return Ok(false);
+    }
+    bind_target(staging, target, flags)?;
+    Ok(true)
+}
+
+/// [`unpublish`] of a directory volume by probes alone: unmounts while the
+/// top mount at `target` is the volume directory, and answers `true` once
+/// nothing is mounted there. `false` when something else is on top (another
+/// volume, a copy of a directory since removed) or the volume directory is
+/// not there: the caller decides the rest from the table.
+fn unpublish_dir_probed(target: &Path, dir: &Path) -> Result<bool> {
+    let vol = match look(dir)? {
+        Seen::Mounted(p) | Seen::Unmounted(p) if p.is_dir => p,
+        _ => return Ok(false),
+    };
+    for _ in 0..MAX_STACKED {
+        match look(target)? {
+            Seen::Missing | Seen::Unmounted(_) => return Ok(true),
+            Seen::Mounted(p) if p.same_inode(&vol) => mount::unmount(target)?,
+            Seen::Mounted(_) | Seen::Unknown => return Ok(false),
+        }
+    }
+    match nothing_at(target)? {
+        Some(true) => Ok(true),
+        _ => Err(NodeError::TooManyStacked {
+            path: target.into(),
+        }),
+    }
+}
+
 /// Unmounts `target` and removes it without recursion; a target that is already
 /// gone is fine. Only mounts of `volume` are removed (any mount when it is
 /// None; see [`Ours`] when it cannot be located).
 pub fn unpublish(target: &Path, volume: Option<(&Source, AccessType)>) -> Result<()> {
+    if let Some((Source::Directory(dir), _)) = volume {
+        if unpublish_dir_probed(target, dir)? {
+            return remove_target(target);
+        }
+    }
     let table = MountTable::read()?;
     unmount_all(&table, target, &Ours::of(&table, volume))?;
     remove_target(target)
@@ -537,7 +682,11 @@ pub fn unpublish(target: &Path, volume: Option<(&Source, AccessType)>) -> Result
 /// when nothing is mounted there, and answers whether it did; a mount there
 /// is left alone, since nothing says whose it is.
 pub fn remove_unmounted_target(target: &Path) -> Result<bool> {
-    if MountTable::read()?.at(target).is_some() {
+    let empty = match nothing_at(target)? {
+        Some(e) => e,
+        None => MountTable::read()?.at(target).is_none(),
+    };
+    if !empty {
         return Ok(false);
     }
     remove_target(target)?;
@@ -561,7 +710,9 @@ fn remove_target(target: &Path) -> Result<()> {
 /// What is mounted at a path a request says holds a volume.
 #[derive(Debug, PartialEq, Eq)]
 pub enum MountAt {
-    /// The volume (at `loc`) itself.
+    /// The path does not exist.
+    Missing,
+    /// The volume itself.
     Volume,
     /// Nothing: the path is a plain file or directory.
     Nothing,
@@ -571,14 +722,43 @@ pub enum MountAt {
     Stale,
     /// Something else, e.g. another volume: the volume is not at this path.
     Other,
+    /// The volume itself cannot be located (its directory or device is
+    /// gone): why.
+    Unlocated(String),
 }
 
-/// What is mounted at `path`, seen from the volume at `loc`.
-pub fn mount_at(path: &Path, loc: &Location) -> Result<MountAt> {
-    Ok(match MountTable::read()?.at(path) {
+/// What is mounted at `path`, seen from the volume (`src`, `access`). A
+/// healthy directory volume, and any path with nothing mounted, are told by
+/// probes alone; the rest reads the mount table once.
+pub fn volume_at(path: &Path, src: &Source, access: AccessType) -> Result<MountAt> {
+    let at = look(path)?;
+    if let Seen::Missing = at {
+        return Ok(MountAt::Missing);
+    }
+    let vol = match src {
+        Source::Directory(dir) => match probe_dir(dir) {
+            Ok(p) => p,
+            Err(e) => return Ok(MountAt::Unlocated(e.to_string())),
+        },
+        Source::Device(dev) => match mount::block_device(dev) {
+            Ok(_) => None,
+            Err(e) => return Ok(MountAt::Unlocated(NodeError::from(e).to_string())),
+        },
+    };
+    match (at, vol) {
+        (Seen::Unmounted(_), _) => return Ok(MountAt::Nothing),
+        (Seen::Mounted(p), Some(v)) if p.same_inode(&v) => return Ok(MountAt::Volume),
+        _ => {}
+    }
+    let table = MountTable::read()?;
+    let loc = match locate_volume(&table, src, access) {
+        Ok(loc) => loc,
+        Err(e) => return Ok(MountAt::Unlocated(e.to_string())),
+    };
+    Ok(match table.at(path) {
         None => MountAt::Nothing,
-        Some(m) if m.location() == *loc => MountAt::Volume,
-        Some(m) if is_deleted_copy(&m.location(), loc) => MountAt::Stale,
+        Some(m) if m.location() == loc => MountAt::Volume,
+        Some(m) if is_deleted_copy(&m.location(), &loc) => MountAt::Stale,
         Some(_) => MountAt::Other,
     })
 }
@@ -614,6 +794,131 @@ mod tests {
         unpublish(&mine, Some((&volume, AccessType::Mount))).unwrap();
         assert!(!mounted(&mine) && !mine.exists());
         mount::unmount(&foreign).unwrap();
+    }
+
+    /// What [`volume_at`] answered before probes: everything from one reading
+    /// of the mount table.
+    fn volume_at_by_table(path: &Path, src: &Source, access: AccessType) -> MountAt {
+        if fs::symlink_metadata(path).is_err() {
+            return MountAt::Missing;
+        }
+        let table = MountTable::read().unwrap();
+        let loc = match locate_volume(&table, src, access) {
+            Ok(loc) => loc,
+            Err(e) => return MountAt::Unlocated(e.to_string()),
+        };
+        match table.at(path) {
+            None => MountAt::Nothing,
+            Some(m) if m.location() == loc => MountAt::Volume,
+            Some(m) if is_deleted_copy(&m.location(), &loc) => MountAt::Stale,
+            Some(_) => MountAt::Other,
+        }
+    }
+
+    /// The probes' answer for a directory volume is the table's in every
+    /// state a path can be in, including what others change behind the
+    /// driver's back. Real mounts: needs root.
+    #[test]
+    fn volume_at_answers_as_the_mount_table_does() {
+        let d = tempfile::tempdir().unwrap();
+        let (vol, other) = (d.path().join("pool/v1"), d.path().join("pool/v2"));
+        let (target, plain) = (d.path().join("target"), d.path().join("plain"));
+        for p in [&vol, &other, &target, &plain] {
+            fs::create_dir_all(p).unwrap();
+        }
+        let src = Source::Directory(vol.clone());
+        let same = |path: &Path, want: MountAt| {
+            let fast = volume_at(path, &src, AccessType::Mount).unwrap();
+            assert_eq!(
+                fast,
+                volume_at_by_table(path, &src, AccessType::Mount),
+                "{path:?}"
+            );
+            assert_eq!(fast, want, "{path:?}");
+        };
+        same(&d.path().join("missing"), MountAt::Missing);
+        same(&plain, MountAt::Nothing);
+        mount::bind(&vol, &target, MountFlags::empty()).unwrap();
+        same(&target, MountAt::Volume);
+        // Unmounted behind the driver's back: a plain directory again.
+        mount::unmount(&target).unwrap();
+        same(&target, MountAt::Nothing);
+        // Another volume on top of this one's mount: only the top counts.
+        mount::bind(&vol, &target, MountFlags::empty()).unwrap();
+        mount::bind(&other, &target, MountFlags::empty()).unwrap();
+        same(&target, MountAt::Other);
+        mount::unmount(&target).unwrap();
+        same(&target, MountAt::Volume);
+        // The volume directory removed, then made again: the mount holds the
+        // old directory, which is not the volume any more.
+        fs::rename(&vol, d.path().join("aside")).unwrap();
+        assert!(matches!(
+            volume_at(&target, &src, AccessType::Mount).unwrap(),
+            MountAt::Unlocated(_)
+        ));
+        same(
+            &target,
+            volume_at_by_table(&target, &src, AccessType::Mount),
+        );
+        fs::create_dir(&vol).unwrap();
+        same(&target, MountAt::Other);
+        mount::unmount(&target).unwrap();
+    }
+
+    /// Publish and unpublish by probes leave exactly what the table-based
+    /// steps would: the bind, then nothing; a foreign mount on top of the
+    /// target stops the unpublish. Real mounts: needs root.
+    #[test]
+    fn probed_publish_and_unpublish_touch_only_the_volume() {
+        let d = tempfile::tempdir().unwrap();
+        let (vol, other) = (d.path().join("pool/v1"), d.path().join("pool/v2"));
+        let (staging, target) = (d.path().join("staging"), d.path().join("target"));
+        for p in [&vol, &other, &staging] {
+            fs::create_dir_all(p).unwrap();
+        }
+        let src = Source::Directory(vol.clone());
+        let scope = d.path();
+        let none = MountFlags::empty();
+        let publish = |single_writer| {
+            super::publish(
+                scope,
+                &staging,
+                &target,
+                &src,
+                AccessType::Mount,
+                false,
+                none,
+                single_writer,
+            )
+        };
+        // Not staged: refused, nothing made.
+        assert!(matches!(publish(false), Err(NodeError::NotStaged { .. })));
+        assert!(!target.exists());
+        stage_dir(&vol, &staging).unwrap();
+        stage_dir(&vol, &staging).unwrap();
+        let table = MountTable::read().unwrap();
+        assert_eq!(table.count_at(&staging), 1, "staged once");
+        publish(false).unwrap();
+        publish(false).unwrap();
+        publish(true).unwrap();
+        let table = MountTable::read().unwrap();
+        assert_eq!(table.count_at(&target), 1, "published once");
+        assert_eq!(
+            table.at(&target).unwrap().location(),
+            locate_dir(&table, &vol).unwrap()
+        );
+        // Something else mounted over the target: unpublish leaves it.
+        mount::bind(&other, &target, none).unwrap();
+        let e = unpublish(&target, Some((&src, AccessType::Mount))).unwrap_err();
+        assert!(matches!(e, NodeError::ForeignMount { .. }), "{e:?}");
+        assert_eq!(MountTable::read().unwrap().count_at(&target), 2);
+        mount::unmount(&target).unwrap();
+        unpublish(&target, Some((&src, AccessType::Mount))).unwrap();
+        unpublish(&target, Some((&src, AccessType::Mount))).unwrap();
+        assert!(!target.exists());
+        unstage(scope, &staging, Some(&src)).unwrap();
+        unstage(scope, &staging, Some(&src)).unwrap();
+        assert!(MountTable::read().unwrap().at(&staging).is_none());
     }
 
     /// Unstage/unpublish by device path alone: both forms of a volume's

@@ -52,6 +52,44 @@ pub struct ServeOptions {
     pub metrics_addr: Option<std::net::SocketAddr>,
 }
 
+/// Async workers of `localvol serve`, at most: they decode requests, encode
+/// answers and hand the work to blocking threads, which is little work.
+pub const MAX_WORKERS: usize = 4;
+/// Blocking threads per core, at most: they make the syscalls (mounts, which
+/// the kernel serialises per mount namespace anyway, and fsyncs, which wait
+/// on the disk). Without a limit every concurrent request gets a thread of
+/// its own, each with its stack and, before the arena limit, its own heap.
+pub const BLOCKING_PER_CORE: usize = 4;
+/// Blocking threads, at least, whatever the core count: a syscall on a hung
+/// device (a mount, an fsync) holds its thread until the device answers, and
+/// requests for other volumes must still find threads meanwhile. Idle
+/// threads exit after tokio's keep-alive (10 s), so the floor costs nothing
+/// when the driver is quiet.
+pub const MIN_BLOCKING: usize = 32;
+/// glibc malloc arenas, at most (glibc's default is 8 per core, so every
+/// blocking thread gets a heap of its own that keeps freed memory around).
+pub const MALLOC_ARENAS: i32 = 2;
+
+/// The runtime `localvol serve` runs on: a node daemon that mostly waits on
+/// the kernel, whose memory is counted on every node. Caps the workers, the
+/// blocking threads and glibc's arenas (see the constants above; an
+/// operator's `MALLOC_ARENA_MAX` in the environment wins). Call it before any
+/// thread is started.
+pub fn runtime() -> std::io::Result<tokio::runtime::Runtime> {
+    if std::env::var_os("MALLOC_ARENA_MAX").is_none() {
+        // SAFETY: mallopt only sets a malloc parameter; no thread runs yet.
+        unsafe {
+            libc::mallopt(libc::M_ARENA_MAX, MALLOC_ARENAS);
+        }
+    }
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .worker_threads(cores.min(MAX_WORKERS))
+        .max_blocking_threads((cores * BLOCKING_PER_CORE).max(MIN_BLOCKING))
+        .build()
+}
+
 /// Opens the pools and assembles the shared driver state.
 pub async fn build_driver(opts: &ServeOptions) -> Result<Arc<Driver>> {
     let who = Identity {

@@ -1,5 +1,6 @@
 //! `localvol bench` end to end: the real bench binary against the real driver
-//! (lifecycles and the transport floor), and the syscall floor. Checks that the
+//! (lifecycles, the transport floor and the node-scale scenarios, including
+//! those that start the driver themselves), and the syscall floor. Checks that the
 //! report counts what ran and that nothing is left behind; timings themselves
 //! are not asserted (they belong in the issue notes, not in tests).
 
@@ -139,4 +140,220 @@ async fn a_failing_driver_stops_the_bench_with_its_error() {
     // The failed lifecycle undid what it did; the other finished its own.
     assert!(d.list_all().await.is_empty(), "volumes left behind");
     assert!(d.mounts_below_dir().is_empty());
+}
+
+/// Runs `localvol bench <args>` (a scenario) and returns its JSON report.
+fn scenario(args: &[&str]) -> Value {
+    scenario_logged(args, None)
+}
+
+/// [`scenario`], showing the log of a driver the bench started if it fails.
+fn scenario_logged(args: &[&str], driver_log: Option<&Path>) -> Value {
+    // `--json` right after the scenario's name: whatever follows `--` is the
+    // driver's command line.
+    let out = Command::new(localvol_bin())
+        .arg("bench")
+        .args(&args[..1])
+        .arg("--json")
+        .args(&args[1..])
+        .env_remove("CSI_ENDPOINT")
+        .output()
+        .expect("running localvol bench");
+    assert!(
+        out.status.success(),
+        "localvol bench {args:?}: {}\n{}\ndriver log:\n{}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr),
+        driver_log
+            .map(|p| std::fs::read_to_string(p).unwrap_or_default())
+            .unwrap_or_default()
+    );
+    serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
+        panic!(
+            "bench output is not JSON ({e}): {}",
+            String::from_utf8_lossy(&out.stdout)
+        )
+    })
+}
+
+async fn assert_nothing_left(d: &Driver) {
+    assert!(d.list_all().await.is_empty(), "volumes left behind");
+    assert!(d.mounts_below_dir().is_empty(), "mounts left behind");
+}
+
+/// The node-scale scenarios against a running driver: each reports what it
+/// measured, and unpublishes, unstages and deletes everything it made.
+#[tokio::test]
+async fn scenarios_report_and_leave_nothing() {
+    require_root();
+    let d = Driver::start_default().await;
+    let endpoint = d.endpoint.to_string();
+    let work = d.kubelet_dir().join("bench");
+    std::fs::create_dir(&work).unwrap();
+    let work_s = work.to_str().unwrap();
+    let common = [
+        "--endpoint",
+        &endpoint,
+        "--work-dir",
+        work_s,
+        "--rounds",
+        "1",
+    ];
+
+    let args = [
+        &["node-scale"][..],
+        &common,
+        &["--published", "1,3", "--samples", "2"],
+    ]
+    .concat();
+    let r = scenario(&args);
+    assert_eq!(r["mode"], "node-scale");
+    let levels = r["levels"].as_array().unwrap();
+    assert_eq!(levels.len(), 2, "{r}");
+    assert_eq!(levels[1]["published"], 3);
+    assert!(
+        levels[1]["mount_lines"].as_f64().unwrap() > levels[0]["mount_lines"].as_f64().unwrap()
+    );
+    assert!(
+        levels[0]["stage_publish_p50_ms"].as_f64().unwrap() > 0.0,
+        "{r}"
+    );
+    assert_nothing_left(&d).await;
+
+    let args = [
+        &["stats"][..],
+        &common,
+        &["--published", "2", "--calls", "10"],
+    ]
+    .concat();
+    let r = scenario(&args);
+    assert_eq!(r["mode"], "stats");
+    assert_eq!(r["rounds"][0]["count"], 10);
+    assert_nothing_left(&d).await;
+
+    let args = [
+        &["churn"][..],
+        &common,
+        &[
+            "--volumes",
+            "20",
+            "--concurrency",
+            "4",
+            "--page",
+            "7",
+            "--passes",
+            "1",
+            "--server-pid",
+            "auto",
+        ],
+    ]
+    .concat();
+    let r = scenario(&args);
+    assert_eq!(r["mode"], "churn");
+    let round = &r["rounds"][0];
+    assert_eq!(round["listed"], 20, "{r}");
+    assert_eq!(round["pages_per_pass"], 3, "{r}");
+    assert!(round["rss_bytes"].as_u64().unwrap() > 1 << 20, "{r}");
+    assert!(
+        round["rss_after_list_bytes"].as_u64().unwrap() > 1 << 20,
+        "{r}"
+    );
+    assert_nothing_left(&d).await;
+    assert_eq!(
+        std::fs::read_dir(&work).unwrap().count(),
+        0,
+        "run dirs left"
+    );
+}
+
+/// `restart` and `sweep` start the driver themselves (the command after
+/// `--`), stop it at the end, and delete what they made.
+#[tokio::test]
+async fn scenarios_start_their_own_driver() {
+    require_root();
+    let t = tempfile::tempdir().unwrap();
+    let (pool, kubelet) = (t.path().join("pool"), t.path().join("kubelet"));
+    std::fs::create_dir_all(kubelet.join("bench")).unwrap();
+    let config = t.path().join("pools.yaml");
+    std::fs::write(
+        &config,
+        format!(
+            "pools:\n  - name: default\n    type: dir\n    path: {}\n",
+            pool.display()
+        ),
+    )
+    .unwrap();
+    let endpoint = format!("unix://{}", t.path().join("csi.sock").display());
+    let bin = localvol_bin();
+    let driver = [
+        "--",
+        bin.to_str().unwrap(),
+        "serve",
+        "--endpoint",
+        &endpoint,
+        "--config",
+        config.to_str().unwrap(),
+        "--kubelet-dir",
+        kubelet.to_str().unwrap(),
+        "--node-id",
+        "bench-node",
+    ];
+    let work = kubelet.join("bench");
+    let common = [
+        "--endpoint",
+        &endpoint,
+        "--work-dir",
+        work.to_str().unwrap(),
+    ];
+
+    let args = [
+        &["restart"][..],
+        &common,
+        &["--volumes", "30", "--rounds", "2"],
+        &driver,
+    ]
+    .concat();
+    let log = work.join("driver.log");
+    let r = scenario_logged(&args, Some(&log));
+    assert_eq!(r["mode"], "restart");
+    let rounds = r["rounds"].as_array().unwrap();
+    assert_eq!(rounds.len(), 2, "{r}");
+    for round in rounds {
+        assert_eq!(round["listed"], 30, "{r}");
+        assert!(round["serving_ms"].as_f64().unwrap() > 0.0, "{r}");
+        assert!(round["rss_bytes"].as_u64().unwrap() > 1 << 20, "{r}");
+    }
+
+    let args = [
+        &["sweep"][..],
+        &common,
+        &["--concurrency", "1,2", "--volumes", "4", "--rounds", "1"],
+        &driver,
+    ]
+    .concat();
+    let r = scenario_logged(&args, Some(&log));
+    assert_eq!(r["mode"], "sweep");
+    let levels = r["levels"].as_array().unwrap();
+    assert_eq!(levels.len(), 2, "{r}");
+    for l in levels {
+        assert!(l["lifecycles_per_sec"].as_f64().unwrap() > 0.0, "{r}");
+        assert!(
+            l["peak_rss_bytes"].as_f64().unwrap() > f64::from(1 << 20),
+            "{r}"
+        );
+    }
+    // Every volume was deleted through the last driver; nothing is mounted.
+    let records = std::fs::read_dir(pool.join("volumes")).unwrap().count();
+    assert_eq!(records, 0, "volumes left in the pool");
+    assert!(mounts()
+        .iter()
+        .all(|m| !m.mount_point.starts_with(t.path())));
+    assert_eq!(
+        std::fs::read_dir(&work)
+            .unwrap()
+            .filter(|e| e.as_ref().unwrap().file_type().unwrap().is_dir())
+            .count(),
+        0,
+        "run dirs left"
+    );
 }

@@ -693,6 +693,79 @@ async fn list_volumes_pages() {
     assert_eq!(listed, (1..=7).map(|i| i * MI).collect::<Vec<_>>());
 }
 
+/// Pages are cut from the volumes of every pool in id order. `p1-x.` sorts
+/// before `p1.` (`-` before `.`), so the pools' ids do not simply follow
+/// their names; each page must still continue exactly where its token says,
+/// at every page size, and a volume deleted between pages is not listed.
+#[tokio::test]
+async fn list_volumes_pages_across_pools() {
+    let d = Driver::start(DriverOpts {
+        pools: vec![
+            PoolOpts::new("p1"),
+            PoolOpts::new("p1-x"),
+            PoolOpts::new("p0"),
+        ],
+        ..DriverOpts::default()
+    })
+    .await;
+    let mut all = BTreeSet::new();
+    for (i, pool) in ["p1", "p1-x", "p0"].iter().cycle().take(11).enumerate() {
+        let mut req = create_req(&format!("multi-{i}"));
+        req.parameters = params(&[("pool", pool)]);
+        let v = ok("CreateVolume", d.controller().create_volume(req).await);
+        all.insert(v.volume.unwrap().volume_id);
+    }
+    let sorted: Vec<String> = all.iter().cloned().collect();
+    let list = |max: i32, token: String| {
+        let mut c = d.controller();
+        async move {
+            c.list_volumes(csi::ListVolumesRequest {
+                max_entries: max,
+                starting_token: token,
+            })
+            .await
+        }
+    };
+    for max in 1..=12 {
+        let (mut seen, mut token) = (Vec::new(), String::new());
+        loop {
+            let r = ok("ListVolumes", list(max, token.clone()).await);
+            assert!(r.entries.len() <= max as usize);
+            seen.extend(
+                r.entries
+                    .iter()
+                    .map(|e| e.volume.as_ref().unwrap().volume_id.clone()),
+            );
+            if r.next_token.is_empty() {
+                break;
+            }
+            token = r.next_token;
+        }
+        assert_eq!(seen, sorted, "max_entries {max}");
+    }
+    // A token names the next page's first volume; deleting the volume before
+    // it does not disturb the page, deleting the token's own is ABORTED.
+    let r = ok("ListVolumes", list(4, String::new()).await);
+    let token = r.next_token.clone();
+    assert_eq!(token, sorted[4]);
+    ok(
+        "DeleteVolume",
+        d.controller().delete_volume(delete_req(&sorted[3])).await,
+    );
+    let r = ok("ListVolumes", list(4, token.clone()).await);
+    let page: Vec<_> = r
+        .entries
+        .iter()
+        .map(|e| e.volume.as_ref().unwrap().volume_id.clone())
+        .collect();
+    assert_eq!(page, sorted[4..8]);
+    ok(
+        "DeleteVolume",
+        d.controller().delete_volume(delete_req(&token)).await,
+    );
+    assert_code("deleted token", list(4, token).await, Code::Aborted);
+}
+
 #[tokio::test]
 async fn list_volumes_bad_requests() {
     let d = Driver::start_default().await;

@@ -639,6 +639,48 @@ async fn node_get_volume_stats() {
     d.unstage(id, &staging).await;
 }
 
+/// NodeGetVolumeStats tells a healthy volume without reading the mount table;
+/// what others change behind the driver's back must still show: a target
+/// unmounted by hand is abnormal, mounted again by hand healthy, another
+/// volume mounted over it NOT_FOUND.
+#[tokio::test]
+async fn volume_stats_notice_mounts_changed_behind_the_drivers_back() {
+    require_root();
+    let d = Driver::start_default().await;
+    let (v, w) = (d.create("behind-a", 0).await, d.create("behind-b", 0).await);
+    let id = v.volume_id.as_str();
+    let (staging, target) = (d.staging_path("behind-a"), d.target_path("behind-a"));
+    d.stage(id, &staging).await;
+    d.publish(id, &staging, &target, false).await;
+    let condition = |r: csi::NodeGetVolumeStatsResponse| r.volume_condition.expect("condition");
+    let stats = || {
+        let mut n = d.node();
+        let req = stats_req(id, &target);
+        async move { n.node_get_volume_stats(req).await }
+    };
+    assert!(!condition(ok("published", stats().await)).abnormal);
+
+    let bind = |src: &Path, at: &Path| {
+        use nix::mount::{mount, MsFlags};
+        mount(Some(src), at, None::<&str>, MsFlags::MS_BIND, None::<&str>).unwrap()
+    };
+    localvol::mount::unmount(&target).unwrap();
+    let c = condition(ok("target unmounted by hand", stats().await));
+    assert!(c.abnormal && c.message.contains("not a mount"), "{c:?}");
+
+    bind(&staging, &target);
+    assert!(!condition(ok("mounted again by hand", stats().await)).abnormal);
+
+    let other = d.volume_data_dir(&w.volume_id);
+    bind(&other, &target);
+    assert_code("another volume on top", stats().await, Code::NotFound);
+    localvol::mount::unmount(&target).unwrap();
+    assert!(!condition(ok("the other volume gone", stats().await)).abnormal);
+
+    d.unpublish(id, &target).await;
+    d.unstage(id, &staging).await;
+}
+
 #[tokio::test]
 async fn node_expand_volume() {
     require_root();

@@ -68,6 +68,13 @@
 //! and an extra `"lvm": {"volume_group", "thin_pool", "fs_type", "size_bytes"}`.
 //! Like `--floor`, it ignores `--endpoint` (so a `CSI_ENDPOINT` in the
 //! environment does not get in the way).
+//!
+//! # Scenarios at node scale (`localvol bench <scenario>`)
+//!
+//! `node-scale`, `stats`, `churn`, `restart` and `sweep` measure what a busy
+//! node sees: node operations with hundreds of mounts, stats calls, create,
+//! delete and list rates with thousands of volumes, restart time, and
+//! throughput and memory across concurrencies. See [`scale`].
 
 use std::collections::HashMap;
 use std::fmt::Write as _;
@@ -85,6 +92,7 @@ use sys_mount::MountFlags;
 
 mod lvm_floor;
 pub use lvm_floor::FloorLvm;
+mod scale;
 
 use crate::cli::client::{self, code_name, parse_param, parse_size_arg, path_str, Clients};
 use localvol::csi;
@@ -92,7 +100,11 @@ use localvol::endpoint::Endpoint;
 use localvol::size::human;
 
 #[derive(Args, Debug)]
+#[command(args_conflicts_with_subcommands = true)]
 pub struct BenchArgs {
+    /// A scenario at node scale instead of plain lifecycles.
+    #[command(subcommand)]
+    pub scenario: Option<Box<scale::Scenario>>,
     /// The driver's socket: unix:///path/csi.sock or tcp://host:port.
     #[arg(
         long,
@@ -450,6 +462,9 @@ async fn socket_peer_pid(endpoint: &Endpoint) -> Result<u32, String> {
 
 /// `localvol bench`: runs and prints the report; exit status 1 on any error.
 pub async fn main(args: BenchArgs) -> ExitCode {
+    if let Some(s) = args.scenario {
+        return scale::main(*s).await;
+    }
     match run(&args).await {
         Ok(report) => {
             if args.json {

@@ -26,7 +26,7 @@
 //! durable rename leaves a record without data, which a retried delete
 //! finishes, as before.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::fs;
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
@@ -81,9 +81,8 @@ pub struct DirPool {
     spare_dir: Option<PathBuf>,
 }
 
-#[derive(Default)]
 struct State {
-    volumes: HashMap<VolumeKey, Volume>,
+    volumes: Index,
     /// Space (and a project id) promised to creates and expansions that are
     /// still writing.
     reserved: HashMap<VolumeKey, (u64, Option<u32>)>,
@@ -93,15 +92,188 @@ struct State {
     spares: Vec<PathBuf>,
 }
 
+/// The records, as loaded at start and changed only after a record write
+/// succeeded (under the volume's lock): by key, so in id order, which is what
+/// ListVolumes pages through; with the figures a create needs (space
+/// promised, project ids taken) kept as volumes come and go instead of
+/// summed over every volume on each request.
+///
+/// Each record is kept without what its key and the pool already say (its
+/// id and pool name), and its key inline: a node may hold 10,000 volumes,
+/// and every byte per volume is 10 kB of the driver's memory. [`Volume`]s
+/// are made from it when asked for.
+struct Index {
+    pool: PoolName,
+    by_key: BTreeMap<KeyBytes, Entry>,
+    allocated: u64,
+    /// How many records name each project id.
+    projects: HashMap<u32, u32>,
+}
+
+/// A key's 32 hex digits: orders exactly as the key's text (and the id's,
+/// within a pool).
+type KeyBytes = [u8; 32];
+
+/// A record in the index: a [`Volume`] less its id and pool.
+struct Entry {
+    name: Box<str>,
+    size_bytes: u64,
+    created_unix: u64,
+    version: u32,
+    access_type: AccessType,
+    grow_filesystem: bool,
+    project_id: Option<u32>,
+    inode_limit: Option<u64>,
+    parameters: BTreeMap<String, String>,
+}
+
+fn key_bytes(key: &VolumeKey) -> KeyBytes {
+    let mut k = [0u8; 32];
+    k.copy_from_slice(key.as_str().as_bytes());
+    k
+}
+
+impl Index {
+    fn new(pool: PoolName) -> Index {
+        Index {
+            pool,
+            by_key: BTreeMap::new(),
+            allocated: 0,
+            projects: HashMap::new(),
+        }
+    }
+
+    /// The volume a record describes: its id is `<pool>.<key>`.
+    fn volume(&self, key: &KeyBytes, e: &Entry) -> Volume {
+        let key = std::str::from_utf8(key).unwrap_or_default();
+        Volume {
+            version: e.version,
+            id: format!("{}.{key}", self.pool),
+            name: e.name.to_string(),
+            pool: self.pool.to_string(),
+            size_bytes: e.size_bytes,
+            access_type: e.access_type,
+            created_unix: e.created_unix,
+            parameters: e.parameters.clone(),
+            project_id: e.project_id,
+            inode_limit: e.inode_limit,
+            grow_filesystem: e.grow_filesystem,
+            inactive: false,
+        }
+    }
+
+    /// Whether a record read from disk is one this index can hold exactly:
+    /// this pool's, with the id its key makes.
+    fn fits(&self, key: &VolumeKey, v: &Volume) -> bool {
+        v.pool == self.pool.as_str()
+            && v.id
+                .strip_prefix(self.pool.as_str())
+                .and_then(|r| r.strip_prefix('.'))
+                == Some(key.as_str())
+    }
+
+    fn get(&self, key: &VolumeKey) -> Option<Volume> {
+        let k = key_bytes(key);
+        self.by_key.get(&k).map(|e| self.volume(&k, e))
+    }
+
+    fn len(&self) -> usize {
+        self.by_key.len()
+    }
+
+    fn volumes(&self) -> impl Iterator<Item = Volume> + '_ {
+        self.by_key.iter().map(|(k, e)| self.volume(k, e))
+    }
+
+    /// (project, size) of every volume with a project id.
+    fn projects(&self) -> impl Iterator<Item = (u32, u64)> + '_ {
+        self.by_key
+            .values()
+            .filter_map(|e| e.project_id.map(|p| (p, e.size_bytes)))
+    }
+
+    fn insert(&mut self, key: &VolumeKey, vol: Volume) {
+        let e = Entry {
+            name: vol.name.into_boxed_str(),
+            size_bytes: vol.size_bytes,
+            created_unix: vol.created_unix,
+            version: vol.version,
+            access_type: vol.access_type,
+            grow_filesystem: vol.grow_filesystem,
+            project_id: vol.project_id,
+            inode_limit: vol.inode_limit,
+            parameters: vol.parameters,
+        };
+        self.account(&e, true);
+        if let Some(old) = self.by_key.insert(key_bytes(key), e) {
+            self.account(&old, false);
+        }
+    }
+
+    fn remove(&mut self, key: &VolumeKey) {
+        if let Some(old) = self.by_key.remove(&key_bytes(key)) {
+            self.account(&old, false);
+        }
+    }
+
+    fn account(&mut self, e: &Entry, add: bool) {
+        if add {
+            self.allocated = self.allocated.saturating_add(e.size_bytes);
+        } else {
+            self.allocated = self.allocated.saturating_sub(e.size_bytes);
+        }
+        if let Some(p) = e.project_id {
+            let n = self.projects.entry(p).or_default();
+            *n = if add { *n + 1 } else { n.saturating_sub(1) };
+            if *n == 0 {
+                self.projects.remove(&p);
+            }
+        }
+    }
+
+    /// Volumes whose id (`<pool>.<key>`, so key order) is `from` or after it,
+    /// in id order, at most `max`.
+    fn page(&self, from: &str, max: usize) -> Vec<Volume> {
+        use std::ops::Bound;
+        let prefix = format!("{}.", self.pool);
+        let range = if from <= prefix.as_str() {
+            self.by_key.range::<KeyBytes, _>(..)
+        } else if let Some(rest) = from.strip_prefix(prefix.as_str()) {
+            // Keys are 32 bytes, none of them 0: `rest` padded with zeros is
+            // the least key at or after it; a longer `rest` is after the key
+            // its first 32 bytes make.
+            let mut k = [0u8; 32];
+            let n = rest.len().min(32);
+            k[..n].copy_from_slice(&rest.as_bytes()[..n]);
+            match rest.len() > 32 {
+                true => self.by_key.range((Bound::Excluded(k), Bound::Unbounded)),
+                false => self.by_key.range(k..),
+            }
+        } else {
+            // After `<pool>.` and not starting with it: after every id here.
+            return Vec::new();
+        };
+        range.take(max).map(|(k, e)| self.volume(k, e)).collect()
+    }
+}
+
 impl State {
+    fn new(volumes: Index) -> State {
+        State {
+            volumes,
+            reserved: HashMap::new(),
+            foreign_projects: HashSet::new(),
+            spares: Vec::new(),
+        }
+    }
+
     fn allocated(&self) -> u64 {
-        self.volumes.values().map(|v| v.size_bytes).sum::<u64>()
-            + self.reserved.values().map(|r| r.0).sum::<u64>()
+        self.volumes.allocated + self.reserved.values().map(|r| r.0).sum::<u64>()
     }
 
     fn project_in_use(&self, id: u32) -> bool {
         self.foreign_projects.contains(&id)
-            || self.volumes.values().any(|v| v.project_id == Some(id))
+            || self.volumes.projects.contains_key(&id)
             || self.reserved.values().any(|r| r.1 == Some(id))
     }
 
@@ -114,10 +286,7 @@ impl State {
 
     /// (project, size) of every volume whose unused quota must stay free.
     fn projects(&self) -> Vec<(u32, u64)> {
-        self.volumes
-            .values()
-            .filter_map(|v| v.project_id.map(|p| (p, v.size_bytes)))
-            .collect()
+        self.volumes.projects().collect()
     }
 }
 
@@ -225,10 +394,7 @@ impl DirPool {
             default_size: default_size.map_or(DEFAULT_VOLUME_SIZE, |d| d.0),
             quotas,
             unenforced_reason,
-            state: Arc::new(Mutex::new(State {
-                volumes,
-                ..State::default()
-            })),
+            state: Arc::new(Mutex::new(State::new(volumes))),
             volumes_identity: ident,
             spare_dir,
         })
@@ -349,12 +515,8 @@ impl DirPool {
 
 /// Re-applies every recorded volume's limits, so the filesystem matches the
 /// records after a restart (or after someone changed them by hand).
-fn apply_recorded_limits(
-    pool: &PoolName,
-    q: &Quotas,
-    volumes: &HashMap<VolumeKey, Volume>,
-) -> Result<()> {
-    for v in volumes.values() {
+fn apply_recorded_limits(pool: &PoolName, q: &Quotas, volumes: &Index) -> Result<()> {
+    for v in volumes.volumes() {
         match v.project_id {
             Some(p) => q.set_limits(p, v.size_bytes, v.inode_limit.unwrap_or(0))?,
             None => {
@@ -442,8 +604,10 @@ fn is_retired_record(name: &str) -> bool {
 }
 
 /// Reads every record; removes temp files left by interrupted writes.
-fn load_records(pool: &PoolName, dir: &Path) -> Result<HashMap<VolumeKey, Volume>> {
-    let mut out = HashMap::new();
+fn load_records(pool: &PoolName, dir: &Path) -> Result<Index> {
+    let mut out = Index::new(pool.clone());
+    // One buffer for every record: no allocation per file.
+    let mut text = Vec::with_capacity(4096);
     for entry in fs::read_dir(dir).ctx(|| format!("reading {dir:?}"))? {
         let entry = entry.ctx(|| format!("reading {dir:?}"))?;
         let fname = entry.file_name();
@@ -460,11 +624,12 @@ fn load_records(pool: &PoolName, dir: &Path) -> Result<HashMap<VolumeKey, Volume
             }
             continue;
         };
-        let text = fs::read(entry.path()).ctx(|| format!("reading {:?}", entry.path()))?;
+        text.clear();
+        fs::File::open(entry.path())
+            .and_then(|mut f| std::io::Read::read_to_end(&mut f, &mut text))
+            .ctx(|| format!("reading {:?}", entry.path()))?;
         match serde_json::from_slice::<Volume>(&text) {
-            Ok(v) if v.pool == pool.as_str() && v.id.ends_with(key.as_str()) => {
-                out.insert(key, v);
-            }
+            Ok(v) if out.fits(&key, &v) => out.insert(&key, v),
             Ok(v) => {
                 tracing::error!(pool = %pool, record = fname, id = v.id, "record belongs to another pool or id; ignored")
             }
@@ -500,7 +665,8 @@ impl Pool for DirPool {
 
     async fn create(&self, req: &CreateRequest) -> Result<Volume> {
         let key = req.id.key.clone();
-        if let Some(existing) = self.state().volumes.get(&key).cloned() {
+        let existing = self.state().volumes.get(&key);
+        if let Some(existing) = existing {
             return super::matches_request(existing, req, true);
         }
         if req.inode_limit.is_some() && self.quotas.is_none() {
@@ -556,7 +722,7 @@ impl Pool for DirPool {
                 Ok(Prepared::Done) => {
                     let mut st = self.state();
                     st.reserved.remove(&key);
-                    st.volumes.insert(key, vol.clone());
+                    st.volumes.insert(&key, vol.clone());
                     return Ok(vol);
                 }
                 Ok(Prepared::ProjectBusy(p)) => {
@@ -640,7 +806,6 @@ impl Pool for DirPool {
             .state()
             .volumes
             .get(&key)
-            .cloned()
             .ok_or_else(|| PoolError::VolumeNotFound(id.to_string()))?;
         let new_size = self.size_for(CapacityRange {
             required: range.required,
@@ -705,7 +870,7 @@ impl Pool for DirPool {
         let mut st = self.state();
         st.reserved.remove(&key);
         res?;
-        st.volumes.insert(key, grown);
+        st.volumes.insert(&key, grown);
         Ok(Expanded {
             size_bytes: new_size,
             node_expansion_required: false,
@@ -713,11 +878,15 @@ impl Pool for DirPool {
     }
 
     async fn get(&self, id: &VolumeId) -> Result<Option<Volume>> {
-        Ok(self.state().volumes.get(&id.key).cloned())
+        Ok(self.state().volumes.get(&id.key))
     }
 
     async fn list(&self) -> Result<Vec<Volume>> {
-        Ok(self.state().volumes.values().cloned().collect())
+        Ok(self.state().volumes.volumes().collect())
+    }
+
+    async fn list_page(&self, from: &str, max: usize) -> Result<Vec<Volume>> {
+        Ok(self.state().volumes.page(from, max))
     }
 
     async fn capacity(&self) -> Result<Capacity> {
@@ -840,6 +1009,64 @@ mod tests {
         // Nothing was left behind by the refused creates.
         assert_eq!(pool.list().await.unwrap().len(), 1);
         assert_eq!(fs::read_dir(d.path().join("volumes")).unwrap().count(), 2);
+    }
+
+    /// A page starts at its token (an id, or any string between ids) and
+    /// follows id order; tokens of pools whose ids sort before or after this
+    /// pool's give everything or nothing.
+    #[tokio::test]
+    async fn pages_follow_id_order_from_any_token() {
+        let d = tempfile::tempdir().unwrap();
+        let pool = DirPool::open(cfg(d.path(), QuotaMode::Off)).await.unwrap();
+        for i in 0..20 {
+            pool.create(&req(&format!("v{i}"), 4096)).await.unwrap();
+        }
+        let mut ids: Vec<String> = pool
+            .list()
+            .await
+            .unwrap()
+            .into_iter()
+            .map(|v| v.id)
+            .collect();
+        ids.sort();
+        let page = |from: String, max: usize| {
+            let pool = &pool;
+            async move {
+                let got: Vec<String> = pool
+                    .list_page(&from, max)
+                    .await
+                    .unwrap()
+                    .into_iter()
+                    .map(|v| v.id)
+                    .collect();
+                got
+            }
+        };
+        assert_eq!(page(String::new(), 100).await, ids);
+        assert_eq!(page(String::new(), 5).await, ids[..5]);
+        for (i, id) in ids.iter().enumerate() {
+            assert_eq!(page(id.clone(), 3).await, ids[i..(i + 3).min(ids.len())]);
+        }
+        assert_eq!(page(format!("{}0", ids[4]), 2).await, ids[5..7]);
+        for before in ["a.zzz", "o", "p-x.0", "p."] {
+            assert_eq!(page(before.into(), 100).await, ids, "{before}");
+        }
+        for after in ["p/", "q", "p.g"] {
+            assert!(page(after.into(), 100).await.is_empty(), "{after}");
+        }
+        // What the index gives back is what was created, parameters and all.
+        let mut with_params = req("with-params", 8192);
+        with_params
+            .parameters
+            .insert("csi.storage.k8s.io/pvc/name".into(), "data".into());
+        let v = pool.create(&with_params).await.unwrap();
+        assert_eq!(pool.get(&with_params.id).await.unwrap(), Some(v.clone()));
+        assert!(pool.list_page(&v.id, 1).await.unwrap() == [v.clone()]);
+        pool.delete(&with_params.id).await.unwrap();
+        // The index keeps the allocation as volumes come and go.
+        assert_eq!(pool.state().volumes.allocated, 20 * 4096);
+        pool.delete(&req("v3", 4096).id).await.unwrap();
+        assert_eq!(pool.state().volumes.allocated, 19 * 4096);
     }
 
     #[tokio::test]
@@ -1057,7 +1284,7 @@ mod tests {
         assert!(a
             .iter()
             .all(|p| *p >= PROJECT_MIN && *p < PROJECT_MIN + PROJECT_SPAN));
-        let mut st = State::default();
+        let mut st = State::new(Index::new(PoolName::parse("p").unwrap()));
         st.foreign_projects.insert(a[0]);
         assert_eq!(st.pick_project(&key), Some(a[1]));
     }

@@ -305,6 +305,20 @@ pub trait Pool: NodeSide {
     async fn expand(&self, id: &VolumeId, range: CapacityRange) -> Result<Expanded>;
     async fn get(&self, id: &VolumeId) -> Result<Option<Volume>>;
     async fn list(&self) -> Result<Vec<Volume>>;
+    /// The volumes whose id is `from` or sorts after it, in id order, at
+    /// most `max`: one page of ListVolumes. The default lists everything; a
+    /// pool that keeps its volumes in id order answers in O(page).
+    async fn list_page(&self, from: &str, max: usize) -> Result<Vec<Volume>> {
+        let mut all: Vec<Volume> = self
+            .list()
+            .await?
+            .into_iter()
+            .filter(|v| v.id.as_str() >= from)
+            .collect();
+        all.sort_by(|a, b| a.id.cmp(&b.id));
+        all.truncate(max);
+        Ok(all)
+    }
     async fn capacity(&self) -> Result<Capacity>;
     /// Snapshots, restores and clones, for a pool that takes them (None:
     /// the pool offers none; callers answer for that themselves).

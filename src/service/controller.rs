@@ -209,6 +209,14 @@ fn decode_max_entries(v: i32) -> Result<usize> {
     }
 }
 
+/// A starting token that names no entry: ABORTED (the spec's code).
+fn bad_token(token: &str, what: &str) -> Status {
+    Status::aborted(format!(
+        "starting_token {:?} is not valid (no such {what})",
+        truncate(token)
+    ))
+}
+
 /// One page of a list sorted by id: `(start, end, next_token)`. The token is
 /// the id of the first entry of the next page; an unknown token is ABORTED
 /// (the spec's code).
@@ -222,12 +230,10 @@ fn page<T>(
     let start = if token.is_empty() {
         0
     } else {
-        sorted.iter().position(|e| id(e) == token).ok_or_else(|| {
-            Status::aborted(format!(
-                "starting_token {:?} is not valid (no such {what})",
-                truncate(token)
-            ))
-        })?
+        sorted
+            .iter()
+            .position(|e| id(e) == token)
+            .ok_or_else(|| bad_token(token, what))?
     };
     let end = start.saturating_add(max).min(sorted.len());
     let next = sorted.get(end).map(|e| id(e).clone()).unwrap_or_default();
@@ -510,15 +516,24 @@ impl csi::controller_server::Controller for ControllerService {
         let req = req.into_inner();
         rpc("ListVolumes", "", async {
             let max = decode_max_entries(req.max_entries)?;
+            let token = req.starting_token.as_str();
+            // One more than a page from each pool, from the token on: the
+            // first max + 1 of them all are this page and the next token.
             let mut all = Vec::new();
             for pool in self.driver.pools.iter() {
-                all.extend(pool.list().await?);
+                all.extend(pool.list_page(token, max.saturating_add(1)).await?);
             }
             all.sort_by(|a, b| a.id.cmp(&b.id));
-            let (start, end, next_token) =
-                page(&all, |v| &v.id, &req.starting_token, max, "volume")?;
+            if !token.is_empty() && all.first().is_none_or(|v| v.id != token) {
+                return Err(bad_token(token, "volume"));
+            }
+            let end = max.min(all.len());
+            let next_token = all.get(end).map(|v| v.id.clone()).unwrap_or_default();
+            if end >= crate::memory::LARGE_ANSWER {
+                crate::memory::release_soon();
+            }
             Ok(csi::ListVolumesResponse {
-                entries: all[start..end]
+                entries: all[..end]
                     .iter()
                     .map(|v| csi::list_volumes_response::Entry {
                         volume: Some(self.to_csi(v)),
@@ -724,6 +739,9 @@ impl csi::controller_server::Controller for ControllerService {
             all.sort_by(|a, b| a.id.cmp(&b.id));
             let (start, end, next_token) =
                 page(&all, |s| &s.id, &req.starting_token, max, "snapshot")?;
+            if end - start >= crate::memory::LARGE_ANSWER {
+                crate::memory::release_soon();
+            }
             Ok(csi::ListSnapshotsResponse {
                 entries: all[start..end]
                     .iter()

@@ -66,19 +66,20 @@ impl NodeService {
     /// is. Call it after every other argument is decoded and the volume was
     /// found: the answers here are NOT_FOUND (the volume is not at that path),
     /// which must not mask an invalid argument or an unknown volume. One
-    /// blocking call resolves the path, checks it exists and reads what is
-    /// mounted there.
+    /// blocking call resolves the path, checks it exists, looks at what is
+    /// mounted there and, with `stats`, takes the filesystem's figures there.
     ///
     /// NOT_FOUND: the path cannot hold a volume of this driver (relative, or
     /// outside the kubelet dir), does not exist, or holds another mount.
-    /// Otherwise the path, and `Err(why)` when the volume is not mounted there
-    /// (a plain directory, or the volume cannot be located).
+    /// Otherwise the path, `Err(why)` when the volume is not mounted there
+    /// (a plain directory, or the volume cannot be located), and the figures.
     async fn volume_path(
         &self,
         place: PathPlace,
         pool: &Arc<dyn Pool>,
         vol: &Volume,
-    ) -> Result<(PathBuf, std::result::Result<(), String>)> {
+        stats: bool,
+    ) -> Result<VolumeAtPath> {
         let rp = match place {
             PathPlace::Below(rp) => rp,
             PathPlace::Elsewhere(why) => {
@@ -91,31 +92,33 @@ impl NodeService {
         let (src, access, id) = (pool.source(vol)?, vol.access_type, vol.id.clone());
         blocking(move || -> Result<_> {
             let path = rp.resolve()?;
-            if std::fs::symlink_metadata(&path).is_err() {
-                return Err(Status::not_found(format!(
-                    "volume_path {path:?} does not exist"
-                )));
-            }
-            let loc = match nodeops::volume_location(&src, access) {
-                Ok(loc) => loc,
-                Err(e) => return Ok((path, Err(e.to_string()))),
+            let mounted = match nodeops::volume_at(&path, &src, access)? {
+                MountAt::Missing => {
+                    return Err(Status::not_found(format!(
+                        "volume_path {path:?} does not exist"
+                    )))
+                }
+                MountAt::Volume => Ok(()),
+                MountAt::Unlocated(why) => Err(why),
+                MountAt::Nothing => Err(format!("{path:?} is not a mount of this volume")),
+                MountAt::Stale => Err(format!(
+                    "{path:?} is not a mount of this volume: it binds the volume's device node as it was before the device was recreated"
+                )),
+                MountAt::Other => {
+                    return Err(Status::not_found(format!(
+                        "volume {id} is not at {path:?}: another mount is there"
+                    )))
+                }
             };
-            match nodeops::mount_at(&path, &loc)? {
-                MountAt::Volume => Ok((path, Ok(()))),
-                MountAt::Nothing => {
-                    let why = format!("{path:?} is not a mount of this volume");
-                    Ok((path, Err(why)))
-                }
-                MountAt::Stale => {
-                    let why = format!(
-                        "{path:?} is not a mount of this volume: it binds the volume's device node as it was before the device was recreated"
-                    );
-                    Ok((path, Err(why)))
-                }
-                MountAt::Other => Err(Status::not_found(format!(
-                    "volume {id} is not at {path:?}: another mount is there"
-                ))),
-            }
+            let stats = match stats {
+                true => Some(fsutil::fs_stats(&path)?),
+                false => None,
+            };
+            Ok(VolumeAtPath {
+                path,
+                mounted,
+                stats,
+            })
         })
         .await
     }
@@ -130,6 +133,15 @@ impl NodeService {
             p,
         )?)
     }
+}
+
+/// What [`NodeService::volume_path`] found.
+struct VolumeAtPath {
+    path: PathBuf,
+    /// `Err(why)`: the volume is not mounted at the path.
+    mounted: std::result::Result<(), String>,
+    /// statvfs at the path, when asked for.
+    stats: Option<fsutil::FsStats>,
 }
 
 /// Decodes the capability a node call was given (required).
@@ -253,11 +265,8 @@ impl csi::node_server::Node for NodeService {
                     let d = dev.clone();
                     let (staging, staged) = blocking(move || -> Result<_> {
                         let staging = staging.resolve()?;
-                        let want = nodeops::volume_location(&Source::Device(d), AccessType::Mount)?;
-                        let staged = match nodeops::is_staged(&staging, &want)? {
-                            true => nodeops::fs_type_at(&staging)?,
-                            false => None,
-                        };
+                        let want = nodeops::device_fs_location(&d)?;
+                        let staged = nodeops::staged_fs_type(&staging, &want)?;
                         Ok((staging, staged))
                     })
                     .await?;
@@ -443,16 +452,11 @@ impl csi::node_server::Node for NodeService {
             check_text("volume_id", &req.volume_id)?;
             let place = self.lookup_path(&req.volume_path)?;
             let (_, pool, vol) = self.driver.require("volume_id", &req.volume_id).await?;
-            let (path, mounted) = self.volume_path(place, &pool, &vol).await?;
-            let usage = pool.usage(&vol).await?;
-            let condition = pool.condition(&vol).await?.or(mounted.err());
             let block = vol.access_type == AccessType::Block;
-            let stats = if block {
-                None
-            } else {
-                let p = path.clone();
-                Some(blocking(move || fsutil::fs_stats(&p)).await?)
-            };
+            let at = self.volume_path(place, &pool, &vol, !block).await?;
+            let usage = pool.usage(&vol).await?;
+            let condition = pool.condition(&vol).await?.or(at.mounted.err());
+            let stats = at.stats;
             let entry = |(available, total, used): (u64, u64, u64),
                          unit: csi::volume_usage::Unit| {
                 csi::VolumeUsage {
@@ -525,7 +529,8 @@ impl csi::node_server::Node for NodeService {
             }
             // Only a path that holds this volume: never resize a volume on
             // the word of a path that is another volume's (or nothing).
-            let (path, mounted) = self.volume_path(place, &pool, &vol).await?;
+            let VolumeAtPath { path, mounted, .. } =
+                self.volume_path(place, &pool, &vol, false).await?;
             if let Err(why) = mounted {
                 return Err(Status::failed_precondition(format!(
                     "not expanding volume {id}: {why}; publish or stage it first"
