@@ -124,8 +124,9 @@ impl Driver {
         }
     }
 
-    /// Finds a volume by a request's id. `Ok(None)` when it does not exist
-    /// (including ids that are not ours at all).
+    /// Finds a volume by a request's id (or an ephemeral inline volume by
+    /// kubelet's handle). `Ok(None)` when it does not exist (including ids
+    /// that are not ours at all).
     pub async fn find(
         &self,
         what: &str,
@@ -138,7 +139,8 @@ impl Driver {
             }
         }
         let ParsedId::Volume(id) = VolumeId::parse(what, raw)? else {
-            return Ok(None);
+            // kubelet's handle of an ephemeral inline volume (stats, expand).
+            return self.find_ephemeral(raw).await;
         };
         let Some(pool) = self.pools.get(&id.pool) else {
             return Ok(None);

@@ -99,6 +99,17 @@ async fn publish_creates_a_sized_volume_and_unpublish_removes_it() {
         b"scratch"
     );
 
+    // kubelet asks for the stats of inline volumes by their handle too.
+    let stats = ok(
+        "NodeGetVolumeStats",
+        d.node()
+            .node_get_volume_stats(stats_req(&id, &target))
+            .await,
+    );
+    let c = stats.volume_condition.expect("volume_condition");
+    assert!(!c.abnormal, "{}", c.message);
+    assert!(!stats.usage.is_empty());
+
     // Repeated: the same volume, still one bind.
     must("publish again", publish(&d, req.clone()).await);
     assert_eq!(mounts_at(&target).len(), 1);
