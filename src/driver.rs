@@ -10,7 +10,7 @@ use crate::config::Config;
 use crate::discovery::node::StaticPool;
 use crate::discovery::StaticError;
 use crate::error::blocking;
-use crate::ids::{check_node_id, truncate, InvalidName, ParsedId, PoolName, VolumeId};
+use crate::ids::{check_node_id, truncate, InvalidName, ParsedId, PoolName, VolumeId, VolumeName};
 use crate::locks::{Busy, VolumeGuard, VolumeLocks};
 use crate::pool::{Health, Pool, PoolError, Pools, Unusable, Volume};
 
@@ -124,8 +124,9 @@ impl Driver {
         }
     }
 
-    /// Finds a volume by a request's id. `Ok(None)` when it does not exist
-    /// (including ids that are not ours at all).
+    /// Finds a volume by a request's id (or an ephemeral inline volume by
+    /// kubelet's handle). `Ok(None)` when it does not exist (including ids
+    /// that are not ours at all).
     pub async fn find(
         &self,
         what: &str,
@@ -138,13 +139,89 @@ impl Driver {
             }
         }
         let ParsedId::Volume(id) = VolumeId::parse(what, raw)? else {
-            return Ok(None);
+            // kubelet's handle of an ephemeral inline volume (stats, expand).
+            return self.find_ephemeral(raw).await;
         };
         let Some(pool) = self.pools.get(&id.pool) else {
             return Ok(None);
         };
         let pool = pool.clone();
         Ok(pool.get(&id).await?.map(|v| (id, pool, v)))
+    }
+
+    /// The ephemeral inline volume kubelet calls `raw` (its volume handle,
+    /// which names the volume: each dir pool is asked for that name's key).
+    /// `Ok(None)`: no such ephemeral volume (ids in our own format are never
+    /// ephemeral).
+    pub async fn find_ephemeral(
+        &self,
+        raw: &str,
+    ) -> Result<Option<(VolumeId, Arc<dyn Pool>, Volume)>> {
+        if !matches!(VolumeId::parse("volume_id", raw)?, ParsedId::Foreign(_)) {
+            return Ok(None);
+        }
+        let name = VolumeName::parse(raw)?;
+        for pool in self.pools.iter().filter(|p| p.backend() == "dir") {
+            let id = VolumeId::new(pool.name().clone(), &name);
+            if let Some(v) = pool.get(&id).await? {
+                if v.ephemeral_target().is_some() && v.name == raw {
+                    return Ok(Some((id, pool.clone(), v)));
+                }
+            }
+        }
+        Ok(None)
+    }
+
+    /// Removes the ephemeral inline volumes whose pod is gone: those whose
+    /// recorded target path no longer exists (kubelet removed the pod's
+    /// directory while the driver was down, or a crash came between its
+    /// unmount and the delete). Run at start and by each orphan pass. A
+    /// volume still mounted anywhere is refused by its pool and kept; a busy
+    /// one is left to the next sweep. Returns the ids removed.
+    pub async fn sweep_ephemeral(&self) -> Vec<String> {
+        let mut removed = Vec::new();
+        for pool in self.pools.iter().filter(|p| p.backend() == "dir") {
+            let vols = match pool.list().await {
+                Ok(v) => v,
+                Err(e) => {
+                    tracing::warn!(pool = %pool.name(), error = %e, "ephemeral sweep: cannot list");
+                    continue;
+                }
+            };
+            for v in vols {
+                let Some(target) = v.ephemeral_target() else {
+                    continue;
+                };
+                let t = target.clone();
+                let gone = blocking(move || {
+                    Ok::<_, DriverError>(matches!(
+                        std::fs::symlink_metadata(&t),
+                        Err(e) if e.kind() == std::io::ErrorKind::NotFound
+                    ))
+                })
+                .await
+                .unwrap_or(false);
+                if !gone {
+                    continue;
+                }
+                let Ok(ParsedId::Volume(id)) = VolumeId::parse("volume id", &v.id) else {
+                    continue;
+                };
+                let Ok(_guard) = self.lock_volume(&id) else {
+                    continue;
+                };
+                match pool.delete(&id).await {
+                    Ok(()) => {
+                        tracing::info!(volume = %v.id, name = %v.name, ?target, "ephemeral volume removed: its pod's target path is gone");
+                        removed.push(v.id);
+                    }
+                    Err(e) => {
+                        tracing::warn!(volume = %v.id, error = %e, "ephemeral volume of a gone pod not removed")
+                    }
+                }
+            }
+        }
+        removed
     }
 
     /// Takes the volume's operation lock (ABORTED while another operation on

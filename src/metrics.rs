@@ -7,6 +7,7 @@
 
 use std::convert::Infallible;
 use std::net::SocketAddr;
+use std::sync::atomic::AtomicU64;
 use std::sync::{Arc, OnceLock};
 
 use bytes::Bytes;
@@ -55,6 +56,8 @@ pub struct Metrics {
     pool_free: Family<PoolLabels, Gauge>,
     pool_volumes: Family<PoolLabels, Gauge>,
     pool_ready: Family<PoolLabels, Gauge>,
+    thin_data: Family<PoolLabels, Gauge<f64, AtomicU64>>,
+    thin_metadata: Family<PoolLabels, Gauge<f64, AtomicU64>>,
     volume_used: Family<VolumeLabels, Gauge>,
     volume_limit: Family<VolumeLabels, Gauge>,
     discovered: Counter,
@@ -90,6 +93,18 @@ const POOL_GAUGES: [(&str, &str); 5] = [
     ("pool_ready", "1 when the pool passes its readiness check"),
 ];
 
+/// Per-thin-pool gauges (LVM pools with a thin pool), as lvm reports them.
+const THIN_GAUGES: [(&str, &str); 2] = [
+    (
+        "pool_thin_data_percent",
+        "Data% of an LVM pool's thin pool (lvs data_percent)",
+    ),
+    (
+        "pool_thin_metadata_percent",
+        "Metadata% of an LVM pool's thin pool (lvs metadata_percent)",
+    ),
+];
+
 /// Per-volume gauges (quota-enforced volumes), in `Metrics::new`'s order.
 const VOLUME_GAUGES: [(&str, &str); 2] = [
     (
@@ -109,6 +124,8 @@ impl Metrics {
         let rpc_histogram = || Histogram::new(exponential_buckets(0.0001, 2.0, 19));
         let [pool_capacity, pool_allocated, pool_free, pool_volumes, pool_ready] =
             POOL_GAUGES.map(|(name, help)| registered(r, name, help, Family::default()));
+        let [thin_data, thin_metadata] =
+            THIN_GAUGES.map(|(name, help)| registered(r, name, help, Family::default()));
         let [volume_used, volume_limit] =
             VOLUME_GAUGES.map(|(name, help)| registered(r, name, help, Family::default()));
         Metrics {
@@ -129,6 +146,8 @@ impl Metrics {
             pool_free,
             pool_volumes,
             pool_ready,
+            thin_data,
+            thin_metadata,
             volume_used,
             volume_limit,
             discovered: registered(
@@ -224,6 +243,12 @@ pub async fn render(pools: &Pools) -> String {
         };
         let ready = pool.health().await.is_ready();
         m.pool_ready.get_or_create(&labels).set(i64::from(ready));
+        if let Ok(Some(t)) = pool.thin_usage().await {
+            m.thin_data.get_or_create(&labels).set(t.data_percent);
+            m.thin_metadata
+                .get_or_create(&labels)
+                .set(t.metadata_percent);
+        }
         let (Ok(cap), Ok(vols)) = (pool.capacity().await, pool.list().await) else {
             continue;
         };
@@ -406,6 +431,9 @@ mod tests {
         for f in [&m.volume_used, &m.volume_limit] {
             f.get_or_create(&vol).set(1);
         }
+        for f in [&m.thin_data, &m.thin_metadata] {
+            f.get_or_create(&pool).set(42.5);
+        }
         m.cleanups
             .get_or_create(&ResultLabels {
                 result: "test-only",
@@ -422,6 +450,8 @@ mod tests {
             "localvol_pool_volumes gauge",
             "localvol_pool_ready gauge",
             "localvol_volume_quota_used_bytes gauge",
+            "localvol_pool_thin_data_percent gauge",
+            "localvol_pool_thin_metadata_percent gauge",
             "localvol_volume_quota_limit_bytes gauge",
             "localvol_discovered_volumes counter",
             "localvol_cleanups counter",

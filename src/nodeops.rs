@@ -328,6 +328,29 @@ pub fn stage_dir(src: &Path, staging: &Path) -> Result<()> {
     Ok(mount::bind(src, staging, MountFlags::empty())?)
 }
 
+/// Binds a directory volume straight onto a pod's `target`, with per-mount
+/// `flags` (ephemeral inline volumes: kubelet stages nothing). Already bound
+/// from the same directory: OK. Something else mounted there: ALREADY_EXISTS.
+pub fn publish_dir(src: &Path, target: &Path, flags: MountFlags) -> Result<()> {
+    let table = MountTable::read()?;
+    let want = locate_dir(&table, src)?;
+    if let Some(m) = table.at(target) {
+        if m.location() == want {
+            return Ok(());
+        }
+        return Err(NodeError::Occupied {
+            path: target.into(),
+            found: describe(m),
+        });
+    }
+    ensure_mount_dir(target)?;
+    if let Err(e) = mount::bind(src, target, flags) {
+        let _ = fs::remove_dir(target);
+        return Err(e.into());
+    }
+    Ok(())
+}
+
 /// Which mounts at a path an unstage or unpublish may remove.
 enum Ours {
     /// No volume to compare with (the caller knows of none): any mount.

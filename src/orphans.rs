@@ -91,10 +91,15 @@ impl Orphans {
             .filter(|c| c.driver == self.driver.name)
             .map(|c| c.volume_handle.clone())
             .collect();
+        // Ephemeral inline volumes have no PV: they go with their pod
+        // (swept here when its target path is gone), never as orphans.
+        self.driver.sweep_ephemeral().await;
         let mut volumes = BTreeSet::new();
         for pool in self.driver.pools.iter() {
             for v in pool.list().await? {
-                volumes.insert(v.id);
+                if v.ephemeral_target().is_none() {
+                    volumes.insert(v.id);
+                }
             }
         }
         let orphans = self.tracker.lock().await.update(

@@ -103,6 +103,14 @@ pub async fn build_driver(opts: &ServeOptions) -> Result<Arc<Driver>> {
 /// Serves until `shutdown` resolves, then removes the socket.
 pub async fn serve(opts: ServeOptions, shutdown: impl Future<Output = ()> + Send) -> Result<()> {
     let driver = build_driver(&opts).await?;
+    // Ephemeral inline volumes whose pods went while the driver was down.
+    let swept = driver.sweep_ephemeral().await;
+    if !swept.is_empty() {
+        tracing::info!(
+            count = swept.len(),
+            "removed ephemeral volumes of gone pods"
+        );
+    }
     // Dropped (and so stopped) when serve returns.
     let _metrics = match opts.metrics_addr {
         Some(addr) => Some(AbortOnDrop(tokio::spawn(

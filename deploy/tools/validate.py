@@ -1017,10 +1017,33 @@ def check_cluster_defaults(render, docs, ds, controller, shipped):
                 f"default: {defaults}")
 
 
+def immediate_binding_problems(sidecars):
+    """What an Immediate class needs of the node-deployment provisioners
+    (external-provisioner README, "Deployment on each node"): each instance
+    checks GetCapacity for the claim's class on its own node, then tries to
+    claim the PVC by writing its node into the volume.kubernetes.io/selected-node
+    annotation (PVC update: its RBAC, checked with the sidecar's upstream
+    rules); --node-deployment-immediate-binding=false turns that off, and no
+    instance would ever take the claim."""
+    p = sidecars.get("csi-provisioner")
+    if p is None:
+        return ["no csi-provisioner to provision it"]
+    given = dict(pf for pf in map(parse_flag, p.get("args", [])) if pf)
+    out = []
+    if "node-deployment" not in given:
+        out.append("Immediate binding here needs --node-deployment")
+    if (given.get("node-deployment-immediate-binding") or "true").lower() == "false":
+        out.append("volumeBindingMode Immediate with --node-deployment-immediate-binding=false: "
+                   "no provisioner would claim the PVC")
+    return out
+
+
 def check_classes(render, docs, pools, sidecars, shipped, static_classes=frozenset()):
     d = by_kind(docs, "CSIDriver")
+    # Ephemeral (inline volumes) needs podInfoOnMount: kubelet passes
+    # csi.storage.k8s.io/ephemeral, which tells the two modes apart, only then.
     want = {"attachRequired": False, "podInfoOnMount": True, "storageCapacity": True,
-            "fsGroupPolicy": "File", "volumeLifecycleModes": ["Persistent"],
+            "fsGroupPolicy": "File", "volumeLifecycleModes": ["Persistent", "Ephemeral"],
             "requiresRepublish": False}
     R.check(len(d) == 1 and d[0]["metadata"]["name"] == DRIVER and d[0]["spec"] == want,
             f"{render}: CSIDriver {DRIVER} {json.dumps(want)}",
@@ -1062,6 +1085,8 @@ def check_classes(render, docs, pools, sidecars, shipped, static_classes=frozens
                 problems.append("fstype on a directory pool")
             if "inodeLimit" in params and (pool["type"] != "dir" or pool.get("quota") == "off"):
                 problems.append("inodeLimit needs a dir pool with quotas")
+        if s.get("volumeBindingMode", "Immediate") == "Immediate":
+            problems += immediate_binding_problems(sidecars)
         if shipped:
             if s.get("volumeBindingMode") != "WaitForFirstConsumer":
                 problems.append("volumeBindingMode is not WaitForFirstConsumer")

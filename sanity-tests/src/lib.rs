@@ -196,6 +196,8 @@ pub struct DriverOpts {
     /// YAML appended to the generated config as it is (e.g. a `discovery:`
     /// section: `tests/static_volumes.rs`).
     pub extra_config: String,
+    /// `--metrics-addr` (e.g. `127.0.0.1:PORT`; see [`free_port`]).
+    pub metrics_addr: Option<String>,
 }
 
 impl Default for DriverOpts {
@@ -211,6 +213,7 @@ impl Default for DriverOpts {
             socket_group: None,
             lvm_pools: Vec::new(),
             extra_config: String::new(),
+            metrics_addr: None,
         }
     }
 }
@@ -246,6 +249,8 @@ pub struct LvmPoolOpts {
     /// `defaultFsType:` (`ext4` or `xfs`).
     pub default_fs_type: Option<String>,
     pub default_size: Option<String>,
+    /// `thinFullPercent:`.
+    pub thin_full_percent: Option<f64>,
 }
 
 impl LvmPoolOpts {
@@ -258,7 +263,12 @@ impl LvmPoolOpts {
             reserve: None,
             default_fs_type: None,
             default_size: None,
+            thin_full_percent: None,
         }
+    }
+    pub fn thin_full_percent(mut self, p: f64) -> Self {
+        self.thin_full_percent = Some(p);
+        self
     }
     pub fn thin_pool(mut self, lv: &str) -> Self {
         self.thin_pool = Some(lv.to_owned());
@@ -290,6 +300,9 @@ impl LvmPoolOpts {
         if let Some(r) = self.overprovision_ratio {
             y.push_str(&format!("    overprovisionRatio: {r}\n"));
         }
+        if let Some(p) = self.thin_full_percent {
+            y.push_str(&format!("    thinFullPercent: {p}\n"));
+        }
         for (k, v) in [
             ("thinPool", &self.thin_pool),
             ("reserve", &self.reserve),
@@ -302,6 +315,35 @@ impl LvmPoolOpts {
         }
         y
     }
+}
+
+/// A TCP port on 127.0.0.1 that was free a moment ago (for `--metrics-addr`).
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("binding 127.0.0.1:0")
+        .port()
+}
+
+/// GET `path` from `127.0.0.1:port` (plain HTTP/1.0): the status line and body.
+pub fn http_get(port: u16, path: &str) -> std::io::Result<(String, String)> {
+    use std::io::{Read, Write};
+    let mut s = std::net::TcpStream::connect(("127.0.0.1", port))?;
+    write!(s, "GET {path} HTTP/1.0\r\nHost: localhost\r\n\r\n")?;
+    let mut out = String::new();
+    s.read_to_string(&mut out)?;
+    let (head, body) = out.split_once("\r\n\r\n").unwrap_or((&out, ""));
+    let status = head.lines().next().unwrap_or_default().to_owned();
+    Ok((status, body.to_owned()))
+}
+
+/// The value of one sample line (`name{labels} value`) of a /metrics body.
+pub fn metric_value(body: &str, name_and_labels: &str) -> Option<f64> {
+    body.lines().find_map(|l| {
+        l.strip_prefix(name_and_labels)
+            .and_then(|rest| rest.strip_prefix(' '))
+            .and_then(|v| v.trim().parse().ok())
+    })
 }
 
 fn yaml_str(s: &str) -> String {
@@ -448,6 +490,9 @@ impl Driver {
         }
         if let Some(g) = &self.opts.socket_group {
             cmd.arg("--socket-group").arg(g);
+        }
+        if let Some(a) = &self.opts.metrics_addr {
+            cmd.arg("--metrics-addr").arg(a);
         }
         // Plain text in the log file.
         cmd.env("NO_COLOR", "1");
@@ -1009,6 +1054,41 @@ pub fn publish_req(
         readonly,
         ..Default::default()
     }
+}
+
+/// NodePublishVolume of a CSI ephemeral inline volume as kubelet sends it
+/// (CSIDriver `podInfoOnMount: true`): no staging path, the pod's
+/// information and `csi.storage.k8s.io/ephemeral: "true"` in the volume
+/// context beside the pod's `volumeAttributes` (`attrs`).
+pub fn ephemeral_publish_req(
+    volume_id: &str,
+    target: &Path,
+    attrs: &[(&str, &str)],
+) -> csi::NodePublishVolumeRequest {
+    let mut ctx = params(&[
+        ("csi.storage.k8s.io/ephemeral", "true"),
+        ("csi.storage.k8s.io/pod.name", "scratch-pod"),
+        ("csi.storage.k8s.io/pod.namespace", "default"),
+        (
+            "csi.storage.k8s.io/pod.uid",
+            "0b4c5c4e-8f4f-4d0e-9d52-3a3c1c8f0001",
+        ),
+        ("csi.storage.k8s.io/serviceAccount.name", "default"),
+    ]);
+    ctx.extend(params(attrs));
+    csi::NodePublishVolumeRequest {
+        volume_id: volume_id.to_owned(),
+        target_path: path_str(target),
+        volume_capability: Some(mount_cap(Mode::SingleNodeWriter)),
+        volume_context: ctx,
+        ..Default::default()
+    }
+}
+
+/// A volume handle of the form kubelet gives ephemeral inline volumes
+/// (`csi-` and 64 hex digits of a hash of the pod and the volume's name).
+pub fn ephemeral_handle(n: u8) -> String {
+    format!("csi-{}", format!("{n:02x}").repeat(32))
 }
 
 pub fn unpublish_req(volume_id: &str, target: &Path) -> csi::NodeUnpublishVolumeRequest {

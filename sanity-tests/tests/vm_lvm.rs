@@ -55,9 +55,12 @@ thick_and_thin!(
 /// the driver against.
 trait GroundTruth {
     /// What GetCapacity must say, from LVM's own numbers: thick, VG free minus
-    /// the reserve; thin, pool size × ratio minus every thin LV's size minus
-    /// the reserve; in whole extents.
+    /// the reserve; thin, [`thin_offer`]; in whole extents.
     fn expected_capacity(&self) -> i64;
+    /// What creates may still take: thick, the same; thin, pool size × ratio
+    /// minus every thin LV's size minus the reserve (creates may
+    /// overprovision beyond the unwritten data space GetCapacity offers).
+    fn promise_room(&self) -> i64;
     /// The largest volume the pool could ever hold.
     fn ever(&self) -> i64;
     /// LVM's default extent size (checked in `empty_pool_offers_lvm_free_space`).
@@ -79,20 +82,18 @@ trait GroundTruth {
 impl GroundTruth for Fx {
     fn expected_capacity(&self) -> i64 {
         let (_, free, extent) = self.vg.vg_sizes();
-        let raw = match self.kind {
-            Kind::Thick => free - RESERVE,
-            Kind::Thin => {
-                let lvs = self.vg.lvs();
-                let tp = lvs.iter().find(|l| l.name == "tp").expect("thin pool tp");
-                let promised: i64 = lvs
-                    .iter()
-                    .filter(|l| l.attr.starts_with('V') && l.pool_lv == "tp")
-                    .map(|l| l.size)
-                    .sum();
-                (tp.size as f64 * THIN_RATIO) as i64 - RESERVE - promised
-            }
-        };
-        raw.max(0) / extent * extent
+        match self.kind {
+            Kind::Thick => (free - RESERVE).max(0) / extent * extent,
+            Kind::Thin => thin_offer(&self.vg, THIN_RATIO, RESERVE, extent).0,
+        }
+    }
+
+    fn promise_room(&self) -> i64 {
+        let (_, _, extent) = self.vg.vg_sizes();
+        match self.kind {
+            Kind::Thick => self.expected_capacity(),
+            Kind::Thin => thin_offer(&self.vg, THIN_RATIO, RESERVE, extent).1,
+        }
     }
 
     fn ever(&self) -> i64 {
@@ -157,6 +158,25 @@ impl GroundTruth for Fx {
             })
             .await
     }
+}
+
+/// A thin pool's offer from `lvs` figures of `tp` (its size and Data%) and
+/// its thin LVs: (what GetCapacity offers, what creates may still promise).
+/// Offered: the smaller of size × ratio − reserve − promised and
+/// size − size × Data% − reserve, each in whole extents (README "LVM volumes").
+fn thin_offer(vg: &LoopVg, ratio: f64, reserve: i64, extent: i64) -> (i64, i64) {
+    let lvs = vg.lvs();
+    let tp = lvs.iter().find(|l| l.name == "tp").expect("thin pool tp");
+    let promised: i64 = lvs
+        .iter()
+        .filter(|l| l.attr.starts_with('V') && l.pool_lv == "tp")
+        .map(|l| l.size)
+        .sum();
+    let round = |v: i64| v.max(0) / extent * extent;
+    let by_promise = round((tp.size as f64 * ratio) as i64 - reserve - promised);
+    let used = (tp.size as f64 * tp.data_percent.unwrap_or(0.0) / 100.0) as i64;
+    let by_data = round(tp.size - used - reserve);
+    (by_promise.min(by_data), by_promise)
 }
 
 fn sorted(mut v: Vec<String>) -> Vec<String> {
@@ -315,6 +335,8 @@ async fn conformance(kind: Kind) {
 struct Empty {
     lvs: Vec<String>,
     capacity: i64,
+    /// What creates may promise ([`GroundTruth::promise_room`]).
+    promise_room: i64,
 }
 
 /// The mount volumes the conformance steps create: c1 (10 MiB asked, 12 MiB
@@ -342,6 +364,7 @@ async fn empty_pool_offers_lvm_free_space(f: &Fx) -> Empty {
     Empty {
         lvs,
         capacity: cap0.available_capacity,
+        promise_room: f.promise_room(),
     }
 }
 
@@ -435,8 +458,14 @@ async fn repeated_creates_return_the_same_volume(f: &Fx, vols: &Created, empty: 
         sorted(want.clone()),
         "nothing else was created"
     );
+    // What was promised is gone from the promise room; a thin pool's offer,
+    // capped by its unwritten data space, does not drop (nothing was written).
     let cap1 = f.d.capacity(None).await.available_capacity;
-    assert_eq!(cap1, empty.capacity - 28 * MI);
+    assert_eq!(f.promise_room(), empty.promise_room - 28 * MI);
+    match f.kind {
+        Kind::Thick => assert_eq!(cap1, empty.capacity - 28 * MI),
+        Kind::Thin => assert_eq!(cap1, empty.capacity),
+    }
     assert_eq!(cap1, f.expected_capacity());
 }
 
@@ -1380,11 +1409,21 @@ async fn pool_full(kind: Kind) {
     }
     assert_eq!(f.lv_names(), base, "a refused create left an LV");
 
-    // Fill the pool exactly; one extent more does not fit.
-    let fill = must("fill", f.create(sized("fill", cap, 0, fs_cap(""))).await);
-    assert_eq!(fill.capacity_bytes, cap);
-    assert_eq!(d.capacity(None).await.available_capacity, 0);
-    assert_eq!(f.expected_capacity(), 0);
+    // Fill the pool exactly, each create taking what GetCapacity offers
+    // (thick: once; thin: until the promises reach size × ratio, the offer
+    // being capped by the unwritten data space); one extent more does not fit.
+    let mut fills = Vec::new();
+    let mut offer = cap;
+    while offer > 0 {
+        let name = format!("fill-{}", fills.len());
+        let fill = must("fill", f.create(sized(&name, offer, 0, fs_cap(""))).await);
+        assert_eq!(fill.capacity_bytes, offer);
+        fills.push(fill.volume_id);
+        offer = d.capacity(None).await.available_capacity;
+        assert_eq!(offer, f.expected_capacity());
+        assert!(fills.len() <= 3, "GetCapacity never reached 0: {offer}");
+    }
+    assert_eq!(f.promise_room(), 0);
     let names = f.lv_names();
     must_fail(
         "one extent more",
@@ -1396,12 +1435,15 @@ async fn pool_full(kind: Kind) {
         let (_, free, _) = f.vg.vg_sizes();
         assert!(free >= RESERVE, "the reserve was handed out: {free} free");
     }
-    d.delete(&fill.volume_id).await;
+    for id in &fills {
+        d.delete(id).await;
+    }
     assert_eq!(d.capacity(None).await.available_capacity, cap);
 
     // Concurrent creates never overcommit: 6 at once, room for 3.
-    let size = (cap * 2 / 7 + extent - 1) / extent * extent;
-    let fit = (cap / size) as usize;
+    let room = f.promise_room();
+    let size = (room * 2 / 7 + extent - 1) / extent * extent;
+    let fit = (room / size) as usize;
     assert_eq!(fit, 3);
     let calls: Vec<_> = (0..6)
         .map(|i| {
@@ -1425,8 +1467,12 @@ async fn pool_full(kind: Kind) {
             .collect();
     assert_eq!(ours.len(), fit, "{ours:?}");
     let promised: i64 = ours.iter().map(|l| l.size).sum();
-    assert!(promised <= cap, "overcommitted: {promised} > {cap}");
-    assert_eq!(d.capacity(None).await.available_capacity, cap - promised);
+    assert!(promised <= room, "overcommitted: {promised} > {room}");
+    assert_eq!(f.promise_room(), room - promised);
+    assert_eq!(
+        d.capacity(None).await.available_capacity,
+        f.expected_capacity()
+    );
     if kind == Kind::Thick {
         let (_, free, _) = f.vg.vg_sizes();
         assert!(free >= RESERVE, "the reserve was handed out: {free} free");
@@ -1498,4 +1544,134 @@ async fn delete_while_in_use(kind: Kind) {
     drop(held);
     d.delete(id).await;
     f.assert_lv_gone(id);
+}
+
+// ---------------------------------------------------------------------------
+// Honest thin capacity (issue 14, item 3)
+// ---------------------------------------------------------------------------
+
+/// A thin pool filled to ~85% by writes into a thin volume: GetCapacity
+/// drops from what may still be promised to the unwritten data space less
+/// the reserve (the exact formula, from `lvs` figures taken after the
+/// writes); `/metrics` shows lvm's own Data% and Metadata%; the volume's
+/// condition turns abnormal at the pool's `thinFullPercent` (80 here), not
+/// before.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs device-mapper: run by make test-vm in the VM"]
+async fn thin_capacity_follows_the_data_written() {
+    require_root();
+    const TP: u64 = 128 << 20;
+    const RES: i64 = 8 * MI;
+    const RATIO: f64 = 2.0;
+    let vg = LoopVg::create(512 << 20, Some(TP));
+    let pool = LvmPoolOpts::new("thin", &vg.vg)
+        .thin_pool("tp")
+        .overprovision_ratio(RATIO)
+        .reserve("8Mi")
+        .thin_full_percent(80.0);
+    let port = free_port();
+    let opts = DriverOpts {
+        metrics_addr: Some(format!("127.0.0.1:{port}")),
+        ..DriverOpts::with_lvm_pools(vec![pool])
+    };
+    let f = Fx::serve(Kind::Thin, "thin", vg, opts).await;
+    let d = &f.d;
+    let (_, _, extent) = f.vg.vg_sizes();
+
+    // Empty: the data space less the reserve is the smaller term.
+    let cap0 = d.capacity(None).await.available_capacity;
+    let (offer0, promise0) = thin_offer(&f.vg, RATIO, RES, extent);
+    assert_eq!(cap0, offer0);
+    assert_eq!(cap0, (TP as i64 - RES) / extent * extent);
+    assert!(promise0 > cap0, "{promise0} {cap0}");
+
+    // One thin volume of the pool's whole size, published raw, 85% written.
+    let v = must("create", f.create(sized("big", TP as i64, 0, blk())).await);
+    let id = v.volume_id.as_str();
+    let (staging, target) = (d.staging_path("big"), d.target_path("big"));
+    must(
+        "publish",
+        publish_cap(d, id, &staging, &target, blk()).await,
+    );
+    let stats = || {
+        let req = stats_req(id, &target);
+        let mut n = d.node();
+        async move { ok("stats", n.node_get_volume_stats(req).await) }
+    };
+    let (abnormal, msg) = condition(&stats().await);
+    assert!(!abnormal, "empty pool: {msg}");
+    let mib = (TP * 85 / 100) >> 20;
+    run_cmd(
+        "dd",
+        &[
+            "if=/dev/zero",
+            &format!("of={}", f.dev(id).display()),
+            "bs=1M",
+            &format!("count={mib}"),
+            "oflag=direct",
+            "conv=fsync,notrunc",
+            "status=none",
+        ],
+    );
+    let tp = f.vg.lv("tp").expect("thin pool tp");
+    let data = tp.data_percent.expect("the thin pool's Data%");
+    assert!((80.0..90.0).contains(&data), "Data% {data} after {mib} MiB");
+
+    // GetCapacity: exactly the formula on lvs's figures, now the data term.
+    let cap1 = d.capacity(None).await.available_capacity;
+    let (offer1, promise1) = thin_offer(&f.vg, RATIO, RES, extent);
+    assert_eq!(cap1, offer1, "GetCapacity at Data% {data}");
+    let by_data = (TP as i64 - (TP as f64 * data / 100.0) as i64 - RES) / extent * extent;
+    assert_eq!(cap1, by_data);
+    assert!(cap1 < cap0 && cap1 < promise1, "{cap1} {cap0} {promise1}");
+    println!("thin pool at Data% {data}: GetCapacity {cap0} -> {cap1} (promise room {promise1})");
+
+    // The gauges are lvm's own figures.
+    let (status, body) = http_get(port, "/metrics").expect("GET /metrics");
+    assert!(status.contains("200"), "{status}");
+    let labels = r#"{pool="thin",backend="lvm-thin"}"#;
+    let metadata = metadata_percent(&f.vg);
+    assert_eq!(
+        metric_value(&body, &format!("localvol_pool_thin_data_percent{labels}")),
+        Some(data),
+        "{body}"
+    );
+    assert_eq!(
+        metric_value(
+            &body,
+            &format!("localvol_pool_thin_metadata_percent{labels}")
+        ),
+        Some(metadata),
+        "{body}"
+    );
+    assert_eq!(
+        metric_value(&body, &format!("localvol_pool_free_bytes{labels}")),
+        Some(cap1 as f64)
+    );
+
+    // Past the configured threshold: abnormal, naming it. (The health
+    // answer the condition does not use is cached; lvs is asked anew.)
+    let (abnormal, msg) = condition(&stats().await);
+    assert!(
+        abnormal && msg.contains("nearly full") && msg.contains("threshold 80%"),
+        "{msg}"
+    );
+    d.unpublish(id, &target).await;
+    d.delete(id).await;
+    assert_eq!(d.capacity(None).await.available_capacity, cap0);
+}
+
+/// The thin pool `tp`'s Metadata% as lvs prints it.
+fn metadata_percent(vg: &LoopVg) -> f64 {
+    let out = run_cmd(
+        "lvm",
+        &[
+            "lvs",
+            "--noheadings",
+            "-o",
+            "metadata_percent",
+            &format!("{}/tp", vg.vg),
+        ],
+    );
+    out.trim().parse().expect("metadata_percent")
 }

@@ -414,6 +414,42 @@ async fn write_past_the_size_fails() {
     .await;
 }
 
+/// A CSI ephemeral inline volume (issue 14, item 4) on a quota-enforced
+/// pool is size-limited like a persistent one: a pod writing past its
+/// `size` attribute gets EDQUOT (ENOSPC on XFS); unpublish removes it and
+/// gives its project id back.
+#[tokio::test]
+#[ignore = "needs project quotas: run by make test-vm in the VM"]
+async fn ephemeral_volume_write_past_the_size_fails() {
+    on_each_fs(|kind| async move {
+        let q = QuotaPool::start(kind, PoolOpts::new(POOL)).await;
+        let handle = ephemeral_handle(7);
+        let target = q.d.target_path("scratch");
+        let req = ephemeral_publish_req(&handle, &target, &[("size", "8Mi"), ("pool", POOL)]);
+        ok("publish", q.d.node().node_publish_volume(req).await);
+        let more = fill(&target, "data", 16 << 20);
+        more.assert_over_quota(kind, "writing past 8 MiB");
+        assert!(
+            ((7 << 20)..=(8 << 20)).contains(&more.written),
+            "{kind}: {} bytes fit in an 8 MiB ephemeral volume",
+            more.written
+        );
+        ok(
+            "unpublish",
+            q.d.node()
+                .node_unpublish_volume(unpublish_req(&handle, &target))
+                .await,
+        );
+        assert!(!target.exists());
+        let left: Vec<_> = std::fs::read_dir(q.volumes_dir())
+            .unwrap()
+            .map(|e| e.unwrap().file_name())
+            .collect();
+        assert!(left.is_empty(), "{kind}: left in the pool: {left:?}");
+    })
+    .await;
+}
+
 // ---------------------------------------------------------------------------
 // 2. Online expansion
 // ---------------------------------------------------------------------------

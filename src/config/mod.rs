@@ -134,7 +134,15 @@ pub struct LvmPoolConfig {
     /// Size of a volume created without a capacity range.
     #[serde(default)]
     pub default_size: Option<ByteSize>,
+    /// Thin pools: Data% or Metadata% at or above which every volume's
+    /// condition is abnormal (default [`DEFAULT_THIN_FULL_PERCENT`]).
+    #[serde(default)]
+    pub thin_full_percent: Option<f64>,
 }
+
+/// A thin pool this full (Data% or Metadata%) makes its volumes' condition
+/// abnormal, unless the pool sets `thinFullPercent`.
+pub const DEFAULT_THIN_FULL_PERCENT: f64 = 90.0;
 
 fn default_fs() -> String {
     "ext4".into()
@@ -200,6 +208,16 @@ impl LvmPoolConfig {
             .is_some_and(|r| !(r >= 1.0 && r.is_finite()))
         {
             return bad("capacityOverhead must be at least 1.0".into());
+        }
+        if let Some(p) = self.thin_full_percent {
+            if self.thin_pool.is_none() {
+                return bad("thinFullPercent needs a thinPool".into());
+            }
+            if !(p > 0.0 && p <= 100.0) {
+                return bad(format!(
+                    "thinFullPercent must be above 0 and at most 100 (got {p})"
+                ));
+            }
         }
         if self.thin_pool.is_some() && !self.lvcreate_options.is_empty() {
             return bad("lvcreateOptions apply to thick pools only".into());

@@ -115,6 +115,24 @@ pub struct Volume {
     pub inactive: bool,
 }
 
+/// The volume-context key kubelet sets to "true" on NodePublishVolume of a
+/// CSI ephemeral inline volume (with the CSIDriver's `podInfoOnMount`); the
+/// driver keeps it in the volume's record too.
+pub const EPHEMERAL_KEY: &str = "csi.storage.k8s.io/ephemeral";
+/// Record parameter of an ephemeral volume: the pod's target path it was
+/// published at. Gone target, gone pod: the volume is removed.
+pub const EPHEMERAL_TARGET_KEY: &str = "localvol.csi.dev/ephemeral-target";
+
+impl Volume {
+    /// The target path of an ephemeral inline volume (None: a persistent one).
+    pub fn ephemeral_target(&self) -> Option<PathBuf> {
+        if self.parameters.get(EPHEMERAL_KEY).map(String::as_str) != Some("true") {
+            return None;
+        }
+        self.parameters.get(EPHEMERAL_TARGET_KEY).map(PathBuf::from)
+    }
+}
+
 /// A point-in-time copy of a volume.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Snapshot {
@@ -146,6 +164,14 @@ pub struct Capacity {
     pub available_bytes: u64,
     /// The largest single volume that can be created now.
     pub maximum_volume_size: u64,
+}
+
+/// How full a thin pool is, as lvm reports it (`data_percent`,
+/// `metadata_percent`).
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct ThinUsage {
+    pub data_percent: f64,
+    pub metadata_percent: f64,
 }
 
 /// Result of an expansion.
@@ -324,6 +350,10 @@ pub trait Pool: NodeSide {
     /// the pool offers none; callers answer for that themselves).
     fn snapshots(&self) -> Option<&dyn Snapshots> {
         None
+    }
+    /// Data% and Metadata% of the pool's thin pool (None: not a thin pool).
+    async fn thin_usage(&self) -> Result<Option<ThinUsage>> {
+        Ok(None)
     }
 }
 

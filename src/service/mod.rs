@@ -160,6 +160,49 @@ pub fn decode_params(params: &HashMap<String, String>) -> Result<PoolParams> {
     Ok(out)
 }
 
+/// Volume attribute of an ephemeral inline volume that gives its size.
+pub const ATTR_SIZE: &str = "size";
+
+/// The volume attributes of a CSI ephemeral inline volume, decoded: the
+/// StorageClass parameters (`pool`, `inodeLimit`, `csi.storage.k8s.io/*`,
+/// which include kubelet's pod information) plus `size` (required).
+#[derive(Debug)]
+pub struct EphemeralAttrs {
+    pub params: PoolParams,
+    pub size: u64,
+}
+
+/// Whether a NodePublishVolume's volume context marks an ephemeral inline
+/// volume (kubelet sets the key with the CSIDriver's `podInfoOnMount`).
+pub fn is_ephemeral(ctx: &HashMap<String, String>) -> bool {
+    ctx.get(crate::pool::EPHEMERAL_KEY).map(String::as_str) == Some("true")
+}
+
+pub fn decode_ephemeral(ctx: &HashMap<String, String>) -> Result<EphemeralAttrs> {
+    let mut rest = ctx.clone();
+    let size = match rest.remove(ATTR_SIZE) {
+        None => {
+            return Err(Status::invalid_argument(format!(
+                "ephemeral volume: the volume attribute {ATTR_SIZE:?} is required (e.g. \"1Gi\")"
+            )))
+        }
+        Some(v) => crate::size::parse_size(&v)
+            .ok()
+            .filter(|n| *n > 0 && *n <= i64::MAX as u64)
+            .ok_or_else(|| {
+                Status::invalid_argument(format!(
+                    "ephemeral volume: {ATTR_SIZE} must be a positive size such as 1Gi (got {:?})",
+                    truncate(&v)
+                ))
+            })?,
+    };
+    let mut params = decode_params(&rest).map_err(|s| {
+        Status::invalid_argument(format!("ephemeral volume attributes: {}", s.message()))
+    })?;
+    params.kept.insert(ATTR_SIZE.to_owned(), size.to_string());
+    Ok(EphemeralAttrs { params, size })
+}
+
 /// Converts a CSI byte count (int64) to u64; negative is INVALID_ARGUMENT.
 pub fn bytes(what: &str, v: i64) -> Result<u64> {
     u64::try_from(v)

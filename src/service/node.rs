@@ -11,10 +11,13 @@ use crate::csi;
 use crate::csi::node_service_capability::{rpc::Type as RpcType, Rpc, Type as CapType};
 use crate::error::blocking;
 use crate::fsutil::{self, PathPlace, RequestPath};
-use crate::ids::{check_text, truncate};
+use crate::ids::{check_text, truncate, VolumeName};
 use crate::mount::parse_bind_flag;
 use crate::nodeops::{self, MountAt, NodeError};
-use crate::pool::{AccessMode, AccessType, Pool, Source, Volume};
+use crate::pool::{
+    AccessMode, AccessType, CapacityRange, CreateRequest, Pool, Source, Volume, EPHEMERAL_KEY,
+    EPHEMERAL_TARGET_KEY,
+};
 use sys_mount::MountFlags;
 
 pub struct NodeService {
@@ -142,6 +145,89 @@ struct VolumeAtPath {
     mounted: std::result::Result<(), String>,
     /// statvfs at the path, when asked for.
     stats: Option<fsutil::FsStats>,
+}
+
+impl NodeService {
+    /// NodePublishVolume of a CSI ephemeral inline volume: creates a dir
+    /// volume named by kubelet's volume handle (pool and size from the
+    /// volume attributes; quota-enforced where the pool enforces quotas),
+    /// recording the target, and binds it there. A repeat finds the volume
+    /// and the bind already there.
+    async fn publish_ephemeral(
+        &self,
+        req: &csi::NodePublishVolumeRequest,
+        target: RequestPath,
+        cap: Capability,
+    ) -> Result<csi::NodePublishVolumeResponse> {
+        let attrs = super::decode_ephemeral(&req.volume_context)?;
+        if req.readonly || cap.mode.read_only() {
+            return Err(Status::invalid_argument(
+                "ephemeral volumes are empty scratch space: read-only makes no sense",
+            ));
+        }
+        if cap.access_type == AccessType::Block {
+            return Err(Status::invalid_argument(
+                "ephemeral volumes are directories: use a filesystem (mount) capability",
+            ));
+        }
+        let name = VolumeName::parse(&req.volume_id)?;
+        if !matches!(
+            crate::ids::VolumeId::parse("volume_id", &req.volume_id)?,
+            crate::ids::ParsedId::Foreign(_)
+        ) {
+            return Err(Status::invalid_argument(format!(
+                "volume_id {:?} has the form of a persistent volume's id; kubelet names ephemeral volumes itself",
+                req.volume_id
+            )));
+        }
+        let pool_name = attrs
+            .params
+            .pool
+            .clone()
+            .unwrap_or_else(|| self.driver.pools.default_pool().clone());
+        let pool = self.driver.pools.require(&pool_name)?.clone();
+        if pool.backend() != "dir" {
+            return Err(Status::invalid_argument(format!(
+                "ephemeral volumes come from dir pools; pool {pool_name} is {}",
+                pool.backend()
+            )));
+        }
+        let src_flags = mount_options(&cap, &Source::Directory(PathBuf::new()))?.flags;
+        let target = blocking(move || -> Result<_> { Ok(target.resolve()?) }).await?;
+        let id = crate::ids::VolumeId::new(pool_name, &name);
+        let _guard = self.driver.lock_volume(&id)?;
+        let mut parameters = attrs.params.kept;
+        parameters.insert(EPHEMERAL_KEY.to_owned(), "true".to_owned());
+        parameters.insert(
+            EPHEMERAL_TARGET_KEY.to_owned(),
+            target.to_string_lossy().into_owned(),
+        );
+        let vol = pool
+            .create(&CreateRequest {
+                source: None,
+                id,
+                name,
+                range: CapacityRange {
+                    required: attrs.size,
+                    limit: 0,
+                },
+                access_type: AccessType::Mount,
+                inode_limit: attrs.params.inode_limit,
+                parameters,
+            })
+            .await?;
+        let Source::Directory(dir) = pool.source(&vol)? else {
+            return Err(crate::pool::PoolError::Inconsistent(format!(
+                "dir pool {} named a device for {}",
+                pool.name(),
+                vol.id
+            ))
+            .into());
+        };
+        blocking(move || -> Result<_> { Ok(nodeops::publish_dir(&dir, &target, src_flags)?) })
+            .await?;
+        Ok(csi::NodePublishVolumeResponse {})
+    }
 }
 
 /// Decodes the capability a node call was given (required).
@@ -344,6 +430,9 @@ impl csi::node_server::Node for NodeService {
             check_text("volume_id", &req.volume_id)?;
             let target = self.request_path("target_path", &req.target_path)?;
             let cap = node_capability(req.volume_capability.as_ref())?;
+            if super::is_ephemeral(&req.volume_context) {
+                return self.publish_ephemeral(&req, target, cap).await;
+            }
             // Raw block volumes are published from the device and need no
             // staging path; any given is still checked.
             let staging = match req.staging_target_path.as_str() {
@@ -411,6 +500,22 @@ impl csi::node_server::Node for NodeService {
                 .by_device(&req.volume_id, &target, nodeops::unpublish_device)
                 .await?
             {
+                return Ok(csi::NodeUnpublishVolumeResponse {});
+            }
+            if let Some((id, pool, vol)) = self.driver.find_ephemeral(&req.volume_id).await? {
+                // Unmount first, then remove the volume (its pool refuses
+                // while it is still mounted anywhere).
+                let _guard = self.driver.lock_volume(&id)?;
+                let src = pool.source(&vol)?;
+                blocking(move || -> Result<_> {
+                    Ok(nodeops::unpublish(
+                        &target.resolve()?,
+                        Some((&src, AccessType::Mount)),
+                    )?)
+                })
+                .await?;
+                pool.delete(&id).await?;
+                tracing::info!(volume = %id, name = %vol.name, "ephemeral volume removed");
                 return Ok(csi::NodeUnpublishVolumeResponse {});
             }
             let found = self.driver.find("volume_id", &req.volume_id).await?;

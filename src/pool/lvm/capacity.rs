@@ -6,8 +6,46 @@ use crate::lvm;
 use crate::pool::CapacityRange;
 use crate::pool::{PoolError, Result};
 
-/// A thin pool fuller than this makes its volumes' condition abnormal.
-pub(super) const THIN_FULL_PERCENT: f64 = 90.0;
+/// What a thin pool offers, from `lvs` figures of the thin pool LV (its size
+/// and `data_percent`) and the sizes promised to its thin volumes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) struct ThinOffer {
+    /// size × ratio − reserve: the most ever promised (in whole extents).
+    pub ever: u64,
+    /// `ever` − promised: what may still be promised (in whole extents).
+    pub by_promise: u64,
+    /// The pool's unwritten data space − reserve (in whole extents).
+    pub by_data: u64,
+}
+
+impl ThinOffer {
+    /// From the thin pool's size, its Data% (None: lvm reports none, e.g.
+    /// inactive: counted as 0), the overprovision ratio, the reserve, the
+    /// sizes promised and the VG's extent size.
+    pub fn new(
+        size: u64,
+        data_percent: Option<f64>,
+        ratio: f64,
+        reserve: u64,
+        promised: u64,
+        extent: u64,
+    ) -> Self {
+        let ever = ((size as f64) * ratio) as u64;
+        let ever = ever.saturating_sub(reserve);
+        let used = (size as f64 * data_percent.unwrap_or(0.0).clamp(0.0, 100.0) / 100.0) as u64;
+        let by_data = size.saturating_sub(used).saturating_sub(reserve);
+        ThinOffer {
+            ever: round_down(ever, extent),
+            by_promise: round_down(ever.saturating_sub(promised), extent),
+            by_data: round_down(by_data, extent),
+        }
+    }
+
+    /// What GetCapacity offers: the smaller of the two.
+    pub fn offered(&self) -> u64 {
+        self.by_promise.min(self.by_data)
+    }
+}
 
 /// The size of a volume for `range`, in whole extents of `extent` bytes:
 /// `required` rounded up, or (only a limit) the default or the most whole
@@ -39,6 +77,9 @@ impl LvmPool {
     }
 
     /// (largest volume this pool could ever hold, largest creatable now).
+    /// For a thin pool "now" is what may still be promised: creates and
+    /// expansions may overprovision up to the ratio; what GetCapacity offers
+    /// is [`LvmPool::offered`].
     pub(super) async fn limits(&self) -> Result<(u64, u64)> {
         self.limits_in(&lvm::vg(&self.vg).await?).await
     }
@@ -54,27 +95,46 @@ impl LvmPool {
                     round_down(now, vg.extent_size),
                 ))
             }
-            Some(thin) => {
-                let lvs = lvm::lvs(&self.vg).await?;
-                let pool = lvs
-                    .iter()
-                    .find(|l| &l.name == thin && l.is_thin_pool())
-                    .ok_or_else(|| {
-                        self.unavailable(format!("thin pool {}/{thin} is missing", self.vg))
-                    })?;
-                let virtual_total = ((pool.size as f64) * self.ratio) as u64;
-                let promised: u64 = lvs
-                    .iter()
-                    .filter(|l| l.is_thin_volume() && &l.pool_lv == thin)
-                    .map(|l| l.size)
-                    .sum();
-                let ever = virtual_total.saturating_sub(self.reserve);
-                let now = ever.saturating_sub(promised);
-                Ok((
-                    round_down(ever, vg.extent_size),
-                    round_down(now, vg.extent_size),
-                ))
+            Some(_) => {
+                let offer = self.thin_offer(vg).await?;
+                Ok((offer.ever, offer.by_promise))
             }
+        }
+    }
+
+    /// The thin pool's figures (thin pools only).
+    pub(super) async fn thin_offer(&self, vg: &lvm::VgInfo) -> Result<ThinOffer> {
+        let thin = self.thin.as_deref().unwrap_or_default();
+        let lvs = lvm::lvs(&self.vg).await?;
+        let pool = lvs
+            .iter()
+            .find(|l| l.name == thin && l.is_thin_pool())
+            .ok_or_else(|| self.unavailable(format!("thin pool {}/{thin} is missing", self.vg)))?;
+        let promised: u64 = lvs
+            .iter()
+            .filter(|l| l.is_thin_volume() && l.pool_lv == thin)
+            .map(|l| l.size)
+            .sum();
+        Ok(ThinOffer::new(
+            pool.size,
+            pool.data_percent,
+            self.ratio,
+            self.reserve,
+            promised,
+            vg.extent_size,
+        ))
+    }
+
+    /// What GetCapacity offers now: thick, what [`LvmPool::limits`] says;
+    /// thin, the smaller of what may still be promised and the pool's
+    /// unwritten data space (both less the reserve), so a pool whose data
+    /// is nearly full is not offered to the scheduler on the strength of
+    /// its overprovision ratio.
+    pub(super) async fn offered(&self) -> Result<u64> {
+        let vg = lvm::vg(&self.vg).await?;
+        match &self.thin {
+            None => Ok(self.limits_in(&vg).await?.1),
+            Some(_) => Ok(self.thin_offer(&vg).await?.offered()),
         }
     }
 

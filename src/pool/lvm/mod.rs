@@ -25,10 +25,10 @@ use async_trait::async_trait;
 
 use super::{
     AccessType, Capacity, CapacityRange, CreateRequest, Expanded, Health, NodeSide, Pool,
-    PoolError, Result, Snapshot, SnapshotRequest, Snapshots, Source, Usage, Volume,
+    PoolError, Result, Snapshot, SnapshotRequest, Snapshots, Source, ThinUsage, Usage, Volume,
 };
 use crate::blockdev::FsType;
-use crate::config::{LvmPoolConfig, DEFAULT_VOLUME_SIZE};
+use crate::config::{LvmPoolConfig, DEFAULT_THIN_FULL_PERCENT, DEFAULT_VOLUME_SIZE};
 use crate::ids::{PoolName, VolumeId, VolumeKey};
 use crate::lvm::{self, LvInfo, LvmError, NewLv};
 
@@ -53,6 +53,9 @@ pub struct LvmPool {
     overhead: f64,
     default_fs: FsType,
     default_size: u64,
+    /// Thin pools: Data% or Metadata% at or above this makes every volume's
+    /// condition abnormal (config `thinFullPercent`).
+    full_percent: f64,
     /// Block copies of thick restores and clones in flight, by target LV. They
     /// run in tasks of their own: a CreateVolume cancelled by its caller's
     /// timeout does not kill the copy, and the retried call joins it.
@@ -82,6 +85,7 @@ impl LvmPool {
             options: cfg.lvcreate_options,
             overhead: cfg.capacity_overhead.unwrap_or(1.0),
             default_size: cfg.default_size.map_or(DEFAULT_VOLUME_SIZE, |d| d.0),
+            full_percent: cfg.thin_full_percent.unwrap_or(DEFAULT_THIN_FULL_PERCENT),
             alloc: tokio::sync::Mutex::new(()),
             copies: Arc::default(),
             health: HealthCache::default(),
@@ -386,7 +390,7 @@ impl Pool for LvmPool {
     }
 
     async fn capacity(&self) -> Result<Capacity> {
-        let (_, now) = self.limits().await?;
+        let now = self.offered().await?;
         Ok(Capacity {
             available_bytes: now,
             maximum_volume_size: now,
@@ -395,6 +399,16 @@ impl Pool for LvmPool {
 
     fn snapshots(&self) -> Option<&dyn Snapshots> {
         Some(self)
+    }
+
+    async fn thin_usage(&self) -> Result<Option<ThinUsage>> {
+        let Some(thin) = &self.thin else {
+            return Ok(None);
+        };
+        Ok(lvm::lv(&self.vg, thin).await?.map(|pool| ThinUsage {
+            data_percent: pool.data_percent.unwrap_or(0.0),
+            metadata_percent: pool.metadata_percent.unwrap_or(0.0),
+        }))
     }
 }
 
@@ -462,14 +476,15 @@ impl NodeSide for LvmPool {
         }
         if let Some(thin) = &self.thin {
             if let Some(pool) = lvm::lv(&self.vg, thin).await? {
-                if pool.data_percent.unwrap_or(0.0) >= THIN_FULL_PERCENT
-                    || pool.metadata_percent.unwrap_or(0.0) >= THIN_FULL_PERCENT
+                if pool.data_percent.unwrap_or(0.0) >= self.full_percent
+                    || pool.metadata_percent.unwrap_or(0.0) >= self.full_percent
                 {
                     return Ok(Some(format!(
-                        "thin pool {}/{thin} is nearly full (data {:.1}%, metadata {:.1}%)",
+                        "thin pool {}/{thin} is nearly full (data {:.1}%, metadata {:.1}%; threshold {}%)",
                         self.vg,
                         pool.data_percent.unwrap_or(0.0),
-                        pool.metadata_percent.unwrap_or(0.0)
+                        pool.metadata_percent.unwrap_or(0.0),
+                        self.full_percent
                     )));
                 }
             }

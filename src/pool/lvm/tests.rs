@@ -22,6 +22,7 @@ fn pool(name: &str, thin: Option<&str>) -> LvmPool {
         overhead: 1.0,
         default_fs: FsType::Ext4,
         default_size: 64 * MI,
+        full_percent: 90.0,
         copies: Arc::default(),
         alloc: tokio::sync::Mutex::new(()),
         health: HealthCache::default(),
@@ -337,4 +338,34 @@ fn sizes_are_whole_extents_within_the_range() {
             "({required}, {limit}): {e:?}"
         );
     }
+}
+
+#[test]
+fn thin_offers_the_smaller_of_promise_room_and_unwritten_data() {
+    const EXT: u64 = 4 * MI;
+    // 1 GiB pool, ratio 2, 64 MiB reserve, nothing promised, empty: the data
+    // space (less the reserve) is the smaller.
+    let o = capacity::ThinOffer::new(1024 * MI, Some(0.0), 2.0, 64 * MI, 0, EXT);
+    assert_eq!(o.ever, 1984 * MI);
+    assert_eq!(o.by_promise, 1984 * MI);
+    assert_eq!(o.by_data, 960 * MI);
+    assert_eq!(o.offered(), 960 * MI);
+    // 85% written: 15% of the pool is left, less the reserve, in extents.
+    let o = capacity::ThinOffer::new(1024 * MI, Some(85.0), 2.0, 64 * MI, 1024 * MI, EXT);
+    let free = 1024 * MI - (1024.0 * MI as f64 * 0.85) as u64 - 64 * MI;
+    assert_eq!(o.by_data, free / EXT * EXT);
+    assert_eq!(o.offered(), free / EXT * EXT);
+    // Promised nearly everything, little written: the promise room is smaller.
+    let o = capacity::ThinOffer::new(1024 * MI, Some(1.0), 2.0, 64 * MI, 1900 * MI, EXT);
+    assert_eq!(o.by_promise, 84 * MI);
+    assert_eq!(o.offered(), 84 * MI);
+    // Full beyond the reserve, or no figure at all (inactive: counted empty).
+    assert_eq!(
+        capacity::ThinOffer::new(1024 * MI, Some(97.0), 2.0, 64 * MI, 0, EXT).offered(),
+        0
+    );
+    assert_eq!(
+        capacity::ThinOffer::new(1024 * MI, None, 1.0, 0, 0, EXT).offered(),
+        1024 * MI
+    );
 }
