@@ -32,6 +32,7 @@ use tonic::{Code, Response, Status};
 
 pub use localvol::csi::volume_capability::access_mode::Mode as AccessMode;
 
+pub mod faults;
 mod lvm_fx;
 pub use lvm_fx::LvmFx;
 
@@ -196,6 +197,9 @@ pub struct DriverOpts {
     /// YAML appended to the generated config as it is (e.g. a `discovery:`
     /// section: `tests/static_volumes.rs`).
     pub extra_config: String,
+    /// Extra environment of the driver process (e.g. a `PATH` that puts
+    /// fault-injecting wrappers of `lvm` or `mkfs` first: `tests/vm_faults.rs`).
+    pub env: Vec<(String, String)>,
 }
 
 impl Default for DriverOpts {
@@ -211,6 +215,7 @@ impl Default for DriverOpts {
             socket_group: None,
             lvm_pools: Vec::new(),
             extra_config: String::new(),
+            env: Vec::new(),
         }
     }
 }
@@ -453,6 +458,9 @@ impl Driver {
         cmd.env("NO_COLOR", "1");
         if std::env::var_os("RUST_LOG").is_none() {
             cmd.env("RUST_LOG", "info");
+        }
+        for (k, v) in &self.opts.env {
+            cmd.env(k, v);
         }
         cmd.stdin(Stdio::null())
             .stdout(log.try_clone().unwrap())
