@@ -51,7 +51,8 @@ sanity:
 	$(CARGO) test -p sanity-tests
 
 # The fault-injection suite (sanity-tests/tests/fault_injection.rs; `sanity`
-# runs it with its defaults: dir pool, 200 kills at 4 workers) with larger
+# runs it with its defaults: dir pool, 200 kills at 4 workers; the LVM pools'
+# campaign, 40 kills at 2 workers each, is in vm_faults.rs, run by test-vm) with larger
 # counts, for as long as asked; not for CI. Kills go on until both
 # SOAK_MINUTES passed and SOAK_KILLS were done, e.g.
 #   make soak SOAK_MINUTES=30

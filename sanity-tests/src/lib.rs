@@ -32,6 +32,7 @@ use tonic::{Code, Response, Status};
 
 pub use localvol::csi::volume_capability::access_mode::Mode as AccessMode;
 
+pub mod faults;
 mod lvm_fx;
 pub use lvm_fx::LvmFx;
 
@@ -198,6 +199,9 @@ pub struct DriverOpts {
     pub extra_config: String,
     /// `--metrics-addr` (e.g. `127.0.0.1:PORT`; see [`free_port`]).
     pub metrics_addr: Option<String>,
+    /// Extra environment of the driver process (e.g. a `PATH` that puts
+    /// fault-injecting wrappers of `lvm` or `mkfs` first: `tests/vm_faults.rs`).
+    pub env: Vec<(String, String)>,
 }
 
 impl Default for DriverOpts {
@@ -214,6 +218,7 @@ impl Default for DriverOpts {
             lvm_pools: Vec::new(),
             extra_config: String::new(),
             metrics_addr: None,
+            env: Vec::new(),
         }
     }
 }
@@ -498,6 +503,9 @@ impl Driver {
         cmd.env("NO_COLOR", "1");
         if std::env::var_os("RUST_LOG").is_none() {
             cmd.env("RUST_LOG", "info");
+        }
+        for (k, v) in &self.opts.env {
+            cmd.env(k, v);
         }
         cmd.stdin(Stdio::null())
             .stdout(log.try_clone().unwrap())

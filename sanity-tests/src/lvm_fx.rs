@@ -53,6 +53,18 @@ impl LvmFx {
         thin_bytes: u64,
         change: impl FnOnce(LvmPoolOpts) -> LvmPoolOpts,
     ) -> Self {
+        Self::start_with(kind, vg_bytes, thin_bytes, change, |o| o).await
+    }
+
+    /// Like [`LvmFx::start`], with changes to the driver's options too (e.g.
+    /// its environment: `tests/vm_faults.rs`).
+    pub async fn start_with(
+        kind: LvmKind,
+        vg_bytes: u64,
+        thin_bytes: u64,
+        change: impl FnOnce(LvmPoolOpts) -> LvmPoolOpts,
+        change_driver: impl FnOnce(DriverOpts) -> DriverOpts,
+    ) -> Self {
         let (vg, opts, pool) = match kind {
             LvmKind::Thick => {
                 let vg = LoopVg::create(vg_bytes, None);
@@ -68,7 +80,8 @@ impl LvmFx {
             }
         };
         let opts = change(opts.reserve("64Mi"));
-        Self::serve(kind, pool, vg, DriverOpts::with_lvm_pools(vec![opts])).await
+        let driver = change_driver(DriverOpts::with_lvm_pools(vec![opts]));
+        Self::serve(kind, pool, vg, driver).await
     }
 
     /// A driver on `opts` whose pool `pool` lives on `vg`, a VG the test made
