@@ -246,6 +246,8 @@ pub struct LvmPoolOpts {
     /// `defaultFsType:` (`ext4` or `xfs`).
     pub default_fs_type: Option<String>,
     pub default_size: Option<String>,
+    /// `wipeRateLimit:` (bytes per second, a quantity such as `16Mi`).
+    pub wipe_rate_limit: Option<String>,
 }
 
 impl LvmPoolOpts {
@@ -258,7 +260,12 @@ impl LvmPoolOpts {
             reserve: None,
             default_fs_type: None,
             default_size: None,
+            wipe_rate_limit: None,
         }
+    }
+    pub fn wipe_rate_limit(mut self, q: &str) -> Self {
+        self.wipe_rate_limit = Some(q.to_owned());
+        self
     }
     pub fn thin_pool(mut self, lv: &str) -> Self {
         self.thin_pool = Some(lv.to_owned());
@@ -295,6 +302,7 @@ impl LvmPoolOpts {
             ("reserve", &self.reserve),
             ("defaultFsType", &self.default_fs_type),
             ("defaultSize", &self.default_size),
+            ("wipeRateLimit", &self.wipe_rate_limit),
         ] {
             if let Some(v) = v {
                 y.push_str(&format!("    {k}: {}\n", yaml_str(v)));

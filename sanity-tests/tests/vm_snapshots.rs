@@ -880,6 +880,7 @@ async fn restore_copy_and_crashes(kind: Kind) {
     for id in [&r1, &r2, &r3, &src.volume_id] {
         must("delete", f.delete_volume(id).await);
     }
+    f.wait_for_wipes().await;
     assert_eq!(f.our_lvs(), base, "something was left behind");
 }
 
@@ -1502,6 +1503,7 @@ async fn raid1_capacity_is_half_the_free_space(f: &Fx) -> i64 {
         Code::ResourceExhausted,
     );
     must("delete", f.delete_volume(&full.volume_id).await);
+    f.wait_for_wipes().await;
     free0
 }
 

@@ -134,6 +134,10 @@ pub struct LvmPoolConfig {
     /// Size of a volume created without a capacity range.
     #[serde(default)]
     pub default_size: Option<ByteSize>,
+    /// Thick pools: the most bytes per second the background wipe of
+    /// deleted volumes zeroes (unset: as fast as the device goes).
+    #[serde(default)]
+    pub wipe_rate_limit: Option<ByteSize>,
 }
 
 fn default_fs() -> String {
@@ -203,6 +207,16 @@ impl LvmPoolConfig {
         }
         if self.thin_pool.is_some() && !self.lvcreate_options.is_empty() {
             return bad("lvcreateOptions apply to thick pools only".into());
+        }
+        if self.thin_pool.is_some() && self.wipe_rate_limit.is_some() {
+            return bad(
+                "wipeRateLimit applies to thick pools only (thin pools zero blocks as they \
+                 provision them)"
+                    .into(),
+            );
+        }
+        if self.wipe_rate_limit.is_some_and(|r| r.0 < 1 << 20) {
+            return bad("wipeRateLimit must be at least 1Mi (bytes per second)".into());
         }
         for o in &self.lvcreate_options {
             let flag = o.split('=').next().unwrap_or(o);

@@ -75,6 +75,7 @@ pub struct LvmPool {
 
 impl LvmPool {
     pub async fn open(cfg: LvmPoolConfig) -> Result<Self> {
+        let cfg_rate = cfg.wipe_rate_limit;
         let mut pool = LvmPool {
             default_fs: FsType::parse(&cfg.default_fs_type).map_err(|e| {
                 PoolError::Misconfigured {
@@ -102,7 +103,8 @@ impl LvmPool {
             });
         }
         if pool.thin.is_none() {
-            pool.wiper = Some(Wiper::start(&pool.vg, &pool.name));
+            let rate = cfg_rate.map(|r| r.0);
+            pool.wiper = Some(Wiper::start(&pool.vg, &pool.name, rate));
         }
         tracing::info!(pool = %pool.name, vg = pool.vg, thin = ?pool.thin, "lvm pool opened");
         Ok(pool)

@@ -65,6 +65,8 @@ struct Shared {
     stop: AtomicBool,
     wiped_bytes: AtomicU64,
     wipe_nanos: AtomicU64,
+    /// `wipeRateLimit`: at most this many bytes a second.
+    rate: Option<u64>,
 }
 
 /// A thick pool's background wiper; dropping it stops the task.
@@ -82,7 +84,7 @@ impl Drop for Wiper {
 impl Wiper {
     /// Starts the task; its first pass resumes whatever a previous driver
     /// left.
-    pub fn start(vg: &str, pool: &PoolName) -> Self {
+    pub fn start(vg: &str, pool: &PoolName, rate: Option<u64>) -> Self {
         let shared = Arc::new(Shared {
             vg: vg.to_owned(),
             pool: pool.clone(),
@@ -90,6 +92,7 @@ impl Wiper {
             stop: AtomicBool::new(false),
             wiped_bytes: AtomicU64::new(0),
             wipe_nanos: AtomicU64::new(0),
+            rate,
         });
         let task = tokio::spawn(shared.clone().run());
         Wiper {
@@ -208,21 +211,34 @@ impl Shared {
     async fn zero(self: Arc<Self>, dev: PathBuf) -> Result<bool> {
         crate::error::blocking(move || {
             let mut d = ExclusiveDevice::open(&dev)?;
+            // Rate-limited: about four chunks a second, each followed by a
+            // pause that keeps the average under the limit.
+            let chunk = self.rate.map_or(CHUNK, |r| (r / 4).clamp(1 << 20, CHUNK));
+            let began = Instant::now();
             let mut offset = 0;
             while offset < d.size() {
-                if self.stop.load(Ordering::Relaxed) {
-                    return Ok(false);
-                }
                 let started = Instant::now();
-                let n = CHUNK.min(d.size() - offset);
+                let n = chunk.min(d.size() - offset);
                 d.zero(offset, n)?;
                 if offset + n == d.size() {
                     d.sync()?;
                 }
                 offset += n;
+                if let Some(rate) = self.rate {
+                    let due = began + Duration::from_secs_f64(offset as f64 / rate as f64);
+                    while let Some(left) = due.checked_duration_since(Instant::now()) {
+                        if self.stop.load(Ordering::Relaxed) {
+                            break;
+                        }
+                        std::thread::sleep(left.min(Duration::from_millis(100)));
+                    }
+                }
                 self.wiped_bytes.fetch_add(n, Ordering::Relaxed);
                 self.wipe_nanos
                     .fetch_add(started.elapsed().as_nanos() as u64, Ordering::Relaxed);
+                if self.stop.load(Ordering::Relaxed) && offset < d.size() {
+                    return Ok(false);
+                }
             }
             Ok::<_, PoolError>(true)
         })
