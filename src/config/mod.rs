@@ -394,7 +394,7 @@ mod tests {
     fn parses_lvm_pools() {
         let cfg = Config::from_yaml(
             "pools:\n\
-             - {name: thick, type: lvm, volumeGroup: vg0, lvcreateOptions: [--type, raid1, -m, '1'], capacityOverhead: 2}\n\
+             - {name: thick, type: lvm, volumeGroup: vg0, lvcreateOptions: [--type, raid1, -m, '1'], capacityOverhead: 2, wipeRateLimit: 200Mi}\n\
              - {name: thin, type: lvm, volumeGroup: vg0, thinPool: tp, overprovisionRatio: 4, defaultFsType: xfs}\n",
         )
         .unwrap();
@@ -403,6 +403,7 @@ mod tests {
         };
         assert_eq!(thick.lvcreate_options, ["--type", "raid1", "-m", "1"]);
         assert_eq!(thick.default_fs_type, "ext4");
+        assert_eq!(thick.wipe_rate_limit.unwrap().0, 200 << 20);
         let PoolConfig::Lvm(thin) = &cfg.pools[1] else {
             panic!()
         };
@@ -436,6 +437,14 @@ mod tests {
                 "invalid pool name",
             ),
             ("pools: [{name: a, type: nfs, path: /a}]", "unknown variant"),
+            (
+                "pools: [{name: a, type: lvm, volumeGroup: v, thinPool: t, wipeRateLimit: 1Gi}]",
+                "thick pools only",
+            ),
+            (
+                "pools: [{name: a, type: lvm, volumeGroup: v, wipeRateLimit: 1000}]",
+                "at least 1Mi",
+            ),
             (
                 "pools: [{name: a, type: dir, path: /a, reserve: 5Zi}]",
                 "unknown unit",
