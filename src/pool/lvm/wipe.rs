@@ -209,6 +209,13 @@ impl Shared {
     /// progress; false when the pool stopped it. The device is opened
     /// `O_EXCL`: EBUSY while a filesystem on it is mounted.
     async fn zero(self: Arc<Self>, dev: PathBuf) -> Result<bool> {
+        // Dropped with this future (the task aborted, the runtime shutting
+        // down): the blocking loop, which nothing can abort, stops at the
+        // next chunk instead of zeroing the rest of the LV.
+        let cancel = CancelOnDrop(Arc::new(AtomicBool::new(false)));
+        let cancelled = cancel.0.clone();
+        let stopped =
+            move |me: &Shared| me.stop.load(Ordering::Relaxed) || cancelled.load(Ordering::Relaxed);
         crate::error::blocking(move || {
             let mut d = ExclusiveDevice::open(&dev)?;
             // Rate-limited: about four chunks a second, each followed by a
@@ -227,7 +234,7 @@ impl Shared {
                 if let Some(rate) = self.rate {
                     let due = began + Duration::from_secs_f64(offset as f64 / rate as f64);
                     while let Some(left) = due.checked_duration_since(Instant::now()) {
-                        if self.stop.load(Ordering::Relaxed) {
+                        if stopped(&self) {
                             break;
                         }
                         std::thread::sleep(left.min(Duration::from_millis(100)));
@@ -236,13 +243,22 @@ impl Shared {
                 self.wiped_bytes.fetch_add(n, Ordering::Relaxed);
                 self.wipe_nanos
                     .fetch_add(started.elapsed().as_nanos() as u64, Ordering::Relaxed);
-                if self.stop.load(Ordering::Relaxed) && offset < d.size() {
+                if stopped(&self) && offset < d.size() {
                     return Ok(false);
                 }
             }
             Ok::<_, PoolError>(true)
         })
         .await
+    }
+}
+
+/// Sets its flag when dropped.
+struct CancelOnDrop(Arc<AtomicBool>);
+
+impl Drop for CancelOnDrop {
+    fn drop(&mut self) {
+        self.0.store(true, Ordering::Relaxed);
     }
 }
 
