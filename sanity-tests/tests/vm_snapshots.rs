@@ -409,6 +409,7 @@ async fn snapshot_restore(kind: Kind) {
     f.unmount(&oid, "orig").await;
     deleting_an_origin_with_a_snapshot(&f, &oid, &snap, fs).await;
     restore_outlives_its_snapshot_and_origin(&f, &rid, &oid, &snap, fs).await;
+    f.wait_for_wipes().await;
     assert_eq!(f.our_lvs(), base, "something was left behind");
 }
 
@@ -597,6 +598,7 @@ async fn clone_is_independent(kind: Kind) {
     assert_generation(&ctarget, 7, "the clone");
     writes_to_a_clone_and_its_source_stay_apart(&starget, &ctarget);
     clone_outlives_its_source(&f, &sid, &cid, fs).await;
+    f.wait_for_wipes().await;
     assert_eq!(f.our_lvs(), base, "something was left behind");
 }
 
@@ -1415,6 +1417,7 @@ async fn pools_overflowing(kind: Kind) {
             must("delete", f.delete_volume(&v.volume_id).await);
         }
     }
+    f.wait_for_wipes().await;
     assert_eq!(f.our_lvs(), base, "something was left behind");
 }
 
