@@ -152,7 +152,8 @@ test-image:
 
 # LVM volume lifecycles in the VM: localvol (thick and thin pool) beside the bare
 # lvcreate + mkfs + mount floor (`localvol bench --floor-lvm`), one JSON line per
-# run (see vm/bench-lvm). BENCH_VOLUMES, BENCH_CONCURRENCY, BENCH_ROUNDS, BENCH_FS,
+# run (see vm/bench-lvm), and a thick pool's delete latency and wipe throughput. BENCH_VOLUMES,
+# BENCH_CONCURRENCY, BENCH_ROUNDS, BENCH_FS, BENCH_WIPE_VOLUMES, BENCH_WIPE_SIZE,
 # BENCH_POOLS and RUST_LOG pass through, e.g.
 #   make bench-vm BENCH_VOLUMES=16 BENCH_FS="ext4 xfs"
 # The binary and the script are copied to a private dir first (a concurrent build
@@ -168,7 +169,7 @@ bench-vm:
 	cp $(BIN) vm/bench-lvm "$$dir/"; \
 	start=$$(date +%s); \
 	rc=0; \
-	VM_PASS_ENV="BENCH_VOLUMES BENCH_CONCURRENCY BENCH_ROUNDS BENCH_FS BENCH_POOLS BENCH_LOG_DIR RUST_LOG" \
+	VM_PASS_ENV="BENCH_VOLUMES BENCH_CONCURRENCY BENCH_ROUNDS BENCH_FS BENCH_POOLS BENCH_WIPE_VOLUMES BENCH_WIPE_SIZE BENCH_LOG_DIR RUST_LOG" \
 		vm/run --mem 2048 --timeout $(BENCH_VM_TIMEOUT) -- "$$dir/bench-lvm" "$$dir/localvol" || rc=$$?; \
 	echo "bench-vm: VM run took $$(($$(date +%s) - start)) s, exit $$rc" >&2; \
 	exit $$rc

@@ -140,6 +140,94 @@ pub fn device_size(dev: &Path) -> Result<u64, IoError> {
     Ok(size)
 }
 
+nix::ioctl_write_ptr_bad!(blkzeroout, nix::request_code_none!(0x12, 127), [u64; 2]);
+
+/// A block device opened for writing with `O_EXCL`: the kernel refuses it
+/// while a filesystem on it is mounted or another exclusive holder (a device
+/// mapper target, another `O_EXCL` opener) has it, and nobody can mount or
+/// claim it while this is held. [`ExclusiveDevice::zero`] makes ranges of it
+/// read as zeroes. Blocking: use it inside [`crate::error::blocking`].
+pub struct ExclusiveDevice {
+    file: File,
+    path: std::path::PathBuf,
+    size: u64,
+    /// Cleared when the device turned out to have no deallocating
+    /// write-zeroes: every later range goes straight to `BLKZEROOUT`.
+    deallocate: bool,
+}
+
+impl ExclusiveDevice {
+    /// Opens `dev`; EBUSY (mounted or claimed) comes back as an `IoError` of
+    /// kind `ResourceBusy`.
+    pub fn open(dev: &Path) -> Result<Self, IoError> {
+        use std::os::unix::fs::OpenOptionsExt;
+        let file = std::fs::OpenOptions::new()
+            .write(true)
+            .custom_flags(libc::O_EXCL | libc::O_CLOEXEC)
+            .open(dev)
+            .ctx(|| format!("opening {dev:?} exclusively"))?;
+        let mut size = 0u64;
+        // SAFETY: BLKGETSIZE64 writes one u64 to the pointer.
+        unsafe { blkgetsize64(file.as_raw_fd(), &mut size) }
+            .ctx(|| format!("BLKGETSIZE64 {dev:?}"))?;
+        Ok(Self {
+            file,
+            path: dev.to_owned(),
+            size,
+            deallocate: true,
+        })
+    }
+
+    pub fn size(&self) -> u64 {
+        self.size
+    }
+
+    /// Makes `len` bytes from `offset` read as zeroes. First
+    /// `fallocate(PUNCH_HOLE | KEEP_SIZE)`, which on a block device is the
+    /// kernel's write-zeroes that may deallocate (NVMe Write Zeroes with
+    /// DEAC, SCSI WRITE SAME with UNMAP, a hole in a loop device's file):
+    /// zeroes are guaranteed, and it never falls back to writing them. Where
+    /// the device has no such command (EOPNOTSUPP), `BLKZEROOUT`, which uses
+    /// a non-deallocating write-zeroes or writes zero pages itself. A plain
+    /// discard is never used: most devices do not promise zeroes after one.
+    pub fn zero(&mut self, offset: u64, len: u64) -> Result<(), IoError> {
+        let end = offset.saturating_add(len).min(self.size);
+        if end <= offset {
+            return Ok(());
+        }
+        let len = end - offset;
+        if self.deallocate {
+            let punched = nix::fcntl::fallocate(
+                &self.file,
+                nix::fcntl::FallocateFlags::FALLOC_FL_PUNCH_HOLE
+                    | nix::fcntl::FallocateFlags::FALLOC_FL_KEEP_SIZE,
+                offset as libc::off_t,
+                len as libc::off_t,
+            );
+            match punched {
+                Ok(()) => return Ok(()),
+                Err(nix::errno::Errno::EOPNOTSUPP) => self.deallocate = false,
+                Err(e) => {
+                    return Err(e)
+                        .ctx(|| format!("zeroing {len} bytes at {offset} of {:?}", self.path))
+                }
+            }
+        }
+        let range = [offset, len];
+        // SAFETY: BLKZEROOUT reads two u64 (start, length) from the pointer.
+        unsafe { blkzeroout(self.file.as_raw_fd(), &range) }
+            .ctx(|| format!("BLKZEROOUT {len} bytes at {offset} of {:?}", self.path))?;
+        Ok(())
+    }
+
+    /// Flushes the device's write cache.
+    pub fn sync(&self) -> Result<(), IoError> {
+        self.file
+            .sync_all()
+            .ctx(|| format!("flushing {:?}", self.path))
+    }
+}
+
 #[cfg(test)]
 pub(crate) mod tests {
     use super::*;

@@ -107,6 +107,11 @@ impl LvInfo {
     pub fn is_cow_snapshot(&self) -> bool {
         self.attr_char(0) == 's'
     }
+    /// A thin pool that zeroes each data block it provisions before a thin
+    /// volume sees it (`z`, the pool's `--zero y`, LVM's default).
+    pub fn zeroes_new_blocks(&self) -> bool {
+        self.attr_char(7) == 'z'
+    }
     /// Whether the device is active (state `a`).
     pub fn is_active(&self) -> bool {
         self.attr_char(4) == 'a'
@@ -466,6 +471,32 @@ pub async fn remove(lv_path: &str) -> Result<(), LvmError> {
         Ok(()) | Err(LvmError::NotFound(_)) => Ok(()),
         Err(e) => Err(e),
     }
+}
+
+/// Renames `VG/from` to `VG/to`: one metadata commit, so an LV is found
+/// under exactly one of the two names whenever a crash comes.
+pub async fn rename(vg: &str, from: &str, to: &str) -> Result<(), LvmError> {
+    change(vec![
+        "lvrename".into(),
+        "--yes".into(),
+        vg.to_owned(),
+        from.to_owned(),
+        to.to_owned(),
+    ])
+    .await
+}
+
+/// Turns the copy-on-write snapshot `VG/LV` into a plain LV holding its
+/// exception store (`lvconvert --splitsnapshot`), so its blocks can be
+/// zeroed through its own device before they return to the VG.
+pub async fn split_snapshot(lv_path: &str) -> Result<(), LvmError> {
+    change(vec![
+        "lvconvert".into(),
+        "--yes".into(),
+        "--splitsnapshot".into(),
+        lv_path.to_owned(),
+    ])
+    .await
 }
 
 /// Activates `VG/LV`, also when it carries the activation-skip flag (thin

@@ -64,6 +64,9 @@ pub struct Metrics {
     cleanups: Family<ResultLabels, Counter>,
     cleanup_seconds: Histogram,
     orphans: Gauge,
+    wipe_pending: Family<PoolLabels, Gauge>,
+    wiped_bytes: Family<PoolLabels, Counter>,
+    wipe_seconds: Family<PoolLabels, Counter<f64, AtomicU64>>,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -174,6 +177,24 @@ impl Metrics {
                 "Volumes of this node that no PersistentVolume refers to",
                 Gauge::default(),
             ),
+            wipe_pending: registered(
+                r,
+                "wipe_pending_bytes",
+                "Bytes of deleted volumes waiting to be zeroed before they return to the pool",
+                Family::default(),
+            ),
+            wiped_bytes: registered(
+                r,
+                "wiped_bytes",
+                "Bytes of deleted volumes zeroed (rate over wipe_seconds: wipe throughput)",
+                Family::default(),
+            ),
+            wipe_seconds: registered(
+                r,
+                "wipe_seconds",
+                "Time spent zeroing deleted volumes",
+                Family::default(),
+            ),
             registry: std::mem::take(r),
         }
     }
@@ -217,6 +238,21 @@ pub fn set_orphans(n: usize) {
     metrics().orphans.set(gauge_value(n as u64));
 }
 
+/// A pool's wipe figures: the pending gauge, and the counters brought up to
+/// the pool's own totals (they only grow).
+fn record_wipes(m: &Metrics, labels: &PoolLabels, w: crate::pool::Wipes) {
+    m.wipe_pending
+        .get_or_create(labels)
+        .set(gauge_value(w.pending_bytes));
+    let bytes = m.wiped_bytes.get_or_create(labels);
+    bytes.inc_by(w.wiped_bytes.saturating_sub(bytes.get()));
+    let secs = m.wipe_seconds.get_or_create(labels);
+    let more = w.seconds - secs.get();
+    if more > 0.0 {
+        secs.inc_by(more);
+    }
+}
+
 fn gauge_value(v: u64) -> i64 {
     i64::try_from(v).unwrap_or(i64::MAX)
 }
@@ -248,6 +284,9 @@ pub async fn render(pools: &Pools) -> String {
             m.thin_metadata
                 .get_or_create(&labels)
                 .set(t.metadata_percent);
+        }
+        if let Ok(Some(w)) = pool.wipes().await {
+            record_wipes(m, &labels, w);
         }
         let (Ok(cap), Ok(vols)) = (pool.capacity().await, pool.list().await) else {
             continue;
@@ -439,9 +478,31 @@ mod tests {
                 result: "test-only",
             })
             .inc();
+        let wiping = PoolLabels {
+            pool: "test-only-wipes".into(),
+            backend: "lvm",
+        };
+        for (wiped, seconds) in [(1 << 20, 0.5), (3 << 20, 1.5)] {
+            let w = crate::pool::Wipes {
+                pending_bytes: 4096,
+                wiped_bytes: wiped,
+                seconds,
+            };
+            record_wipes(m, &wiping, w);
+        }
         let mut out = String::new();
         prometheus_client::encoding::text::encode(&mut out, &m.registry).unwrap();
         for want in [
+            r#"localvol_wipe_pending_bytes{pool="test-only-wipes",backend="lvm"} 4096"#,
+            r#"localvol_wiped_bytes_total{pool="test-only-wipes",backend="lvm"} 3145728"#,
+            r#"localvol_wipe_seconds_total{pool="test-only-wipes",backend="lvm"} 1.5"#,
+        ] {
+            assert!(out.contains(want), "{want} missing from:\n{out}");
+        }
+        for want in [
+            "localvol_wipe_pending_bytes gauge",
+            "localvol_wiped_bytes counter",
+            "localvol_wipe_seconds counter",
             "localvol_rpc_requests counter",
             "localvol_rpc_duration_seconds histogram",
             "localvol_pool_capacity_bytes gauge",

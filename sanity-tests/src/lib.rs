@@ -256,6 +256,8 @@ pub struct LvmPoolOpts {
     pub default_size: Option<String>,
     /// `thinFullPercent:`.
     pub thin_full_percent: Option<f64>,
+    /// `wipeRateLimit:` (bytes per second, a quantity such as `16Mi`).
+    pub wipe_rate_limit: Option<String>,
 }
 
 impl LvmPoolOpts {
@@ -269,10 +271,15 @@ impl LvmPoolOpts {
             default_fs_type: None,
             default_size: None,
             thin_full_percent: None,
+            wipe_rate_limit: None,
         }
     }
     pub fn thin_full_percent(mut self, p: f64) -> Self {
         self.thin_full_percent = Some(p);
+        self
+    }
+    pub fn wipe_rate_limit(mut self, q: &str) -> Self {
+        self.wipe_rate_limit = Some(q.to_owned());
         self
     }
     pub fn thin_pool(mut self, lv: &str) -> Self {
@@ -313,6 +320,7 @@ impl LvmPoolOpts {
             ("reserve", &self.reserve),
             ("defaultFsType", &self.default_fs_type),
             ("defaultSize", &self.default_size),
+            ("wipeRateLimit", &self.wipe_rate_limit),
         ] {
             if let Some(v) = v {
                 y.push_str(&format!("    {k}: {}\n", yaml_str(v)));

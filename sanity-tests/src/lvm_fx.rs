@@ -104,6 +104,38 @@ impl LvmFx {
         v
     }
 
+    /// LVs a thick pool is zeroing before they go (`wp-<key>-<stamp>`: the
+    /// driver renames a deleted volume's or snapshot's LV so).
+    pub fn wiping_lvs(&self) -> Vec<LvRow> {
+        self.vg
+            .lvs()
+            .into_iter()
+            .filter(|l| l.name.starts_with("wp-"))
+            .collect()
+    }
+
+    /// Waits until no deleted LV is left to wipe, so the pool has its space
+    /// back (a thick pool's DeleteVolume returns before the wipe ends).
+    /// Panics with the driver's log after `WIPE_WAIT`: a wipe that never
+    /// ends is a failure, not a slow machine (64 MiB takes well under a
+    /// second in the VM).
+    pub async fn wait_for_wipes(&self) {
+        const WIPE_WAIT: std::time::Duration = std::time::Duration::from_secs(180);
+        let deadline = std::time::Instant::now() + WIPE_WAIT;
+        loop {
+            let left = self.wiping_lvs();
+            if left.is_empty() {
+                return;
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "LVs still waiting to be wiped after {WIPE_WAIT:?}: {left:?}\nlog:\n{}",
+                self.d.log_tail(40)
+            );
+            tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+        }
+    }
+
     #[track_caller]
     pub fn assert_lv_gone(&self, volume_id: &str) {
         assert!(

@@ -770,6 +770,8 @@ async fn deletes_are_idempotent_and_give_everything_back(
             &["lvremove", "-qq", "-y", &format!("{}/{lv}", f.vg.vg)],
         );
     }
+    // Thick pools: deleted LVs are zeroed in the background first.
+    f.wait_for_wipes().await;
     assert_eq!(f.lv_names(), empty.lvs);
     assert_eq!(d.capacity(None).await.available_capacity, empty.capacity);
 }
@@ -809,6 +811,7 @@ async fn lifecycle_with_data(kind: Kind) {
     f.assert_lv_gone(&id);
     assert!(!dev.exists(), "{dev:?} left behind");
     f.d.delete(&id).await;
+    f.wait_for_wipes().await;
     assert_eq!(f.d.capacity(None).await.available_capacity, cap0);
 }
 
@@ -1438,6 +1441,7 @@ async fn pool_full(kind: Kind) {
     for id in &fills {
         d.delete(id).await;
     }
+    f.wait_for_wipes().await;
     assert_eq!(d.capacity(None).await.available_capacity, cap);
 
     // Concurrent creates never overcommit: 6 at once, room for 3.

@@ -409,6 +409,7 @@ async fn snapshot_restore(kind: Kind) {
     f.unmount(&oid, "orig").await;
     deleting_an_origin_with_a_snapshot(&f, &oid, &snap, fs).await;
     restore_outlives_its_snapshot_and_origin(&f, &rid, &oid, &snap, fs).await;
+    f.wait_for_wipes().await;
     assert_eq!(f.our_lvs(), base, "something was left behind");
 }
 
@@ -597,6 +598,7 @@ async fn clone_is_independent(kind: Kind) {
     assert_generation(&ctarget, 7, "the clone");
     writes_to_a_clone_and_its_source_stay_apart(&starget, &ctarget);
     clone_outlives_its_source(&f, &sid, &cid, fs).await;
+    f.wait_for_wipes().await;
     assert_eq!(f.our_lvs(), base, "something was left behind");
 }
 
@@ -880,6 +882,7 @@ async fn restore_copy_and_crashes(kind: Kind) {
     for id in [&r1, &r2, &r3, &src.volume_id] {
         must("delete", f.delete_volume(id).await);
     }
+    f.wait_for_wipes().await;
     assert_eq!(f.our_lvs(), base, "something was left behind");
 }
 
@@ -1414,6 +1417,7 @@ async fn pools_overflowing(kind: Kind) {
             must("delete", f.delete_volume(&v.volume_id).await);
         }
     }
+    f.wait_for_wipes().await;
     assert_eq!(f.our_lvs(), base, "something was left behind");
 }
 
@@ -1502,6 +1506,7 @@ async fn raid1_capacity_is_half_the_free_space(f: &Fx) -> i64 {
         Code::ResourceExhausted,
     );
     must("delete", f.delete_volume(&full.volume_id).await);
+    f.wait_for_wipes().await;
     free0
 }
 

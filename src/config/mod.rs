@@ -138,6 +138,10 @@ pub struct LvmPoolConfig {
     /// condition is abnormal (default [`DEFAULT_THIN_FULL_PERCENT`]).
     #[serde(default)]
     pub thin_full_percent: Option<f64>,
+    /// Thick pools: the most bytes per second the background wipe of
+    /// deleted volumes zeroes (unset: as fast as the device goes).
+    #[serde(default)]
+    pub wipe_rate_limit: Option<ByteSize>,
 }
 
 /// A thin pool this full (Data% or Metadata%) makes its volumes' condition
@@ -221,6 +225,16 @@ impl LvmPoolConfig {
         }
         if self.thin_pool.is_some() && !self.lvcreate_options.is_empty() {
             return bad("lvcreateOptions apply to thick pools only".into());
+        }
+        if self.thin_pool.is_some() && self.wipe_rate_limit.is_some() {
+            return bad(
+                "wipeRateLimit applies to thick pools only (thin pools zero blocks as they \
+                 provision them)"
+                    .into(),
+            );
+        }
+        if self.wipe_rate_limit.is_some_and(|r| r.0 < 1 << 20) {
+            return bad("wipeRateLimit must be at least 1Mi (bytes per second)".into());
         }
         for o in &self.lvcreate_options {
             let flag = o.split('=').next().unwrap_or(o);
@@ -398,7 +412,7 @@ mod tests {
     fn parses_lvm_pools() {
         let cfg = Config::from_yaml(
             "pools:\n\
-             - {name: thick, type: lvm, volumeGroup: vg0, lvcreateOptions: [--type, raid1, -m, '1'], capacityOverhead: 2}\n\
+             - {name: thick, type: lvm, volumeGroup: vg0, lvcreateOptions: [--type, raid1, -m, '1'], capacityOverhead: 2, wipeRateLimit: 200Mi}\n\
              - {name: thin, type: lvm, volumeGroup: vg0, thinPool: tp, overprovisionRatio: 4, defaultFsType: xfs}\n",
         )
         .unwrap();
@@ -407,6 +421,7 @@ mod tests {
         };
         assert_eq!(thick.lvcreate_options, ["--type", "raid1", "-m", "1"]);
         assert_eq!(thick.default_fs_type, "ext4");
+        assert_eq!(thick.wipe_rate_limit.unwrap().0, 200 << 20);
         let PoolConfig::Lvm(thin) = &cfg.pools[1] else {
             panic!()
         };
@@ -440,6 +455,14 @@ mod tests {
                 "invalid pool name",
             ),
             ("pools: [{name: a, type: nfs, path: /a}]", "unknown variant"),
+            (
+                "pools: [{name: a, type: lvm, volumeGroup: v, thinPool: t, wipeRateLimit: 1Gi}]",
+                "thick pools only",
+            ),
+            (
+                "pools: [{name: a, type: lvm, volumeGroup: v, wipeRateLimit: 1000}]",
+                "at least 1Mi",
+            ),
             (
                 "pools: [{name: a, type: dir, path: /a, reserve: 5Zi}]",
                 "unknown unit",

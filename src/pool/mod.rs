@@ -174,6 +174,19 @@ pub struct ThinUsage {
     pub metadata_percent: f64,
 }
 
+/// Deleted volumes whose blocks are being zeroed before they return to the
+/// pool (thick LVM pools), for the metrics.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct Wipes {
+    /// Bytes of deleted volumes and snapshots still waiting to be zeroed
+    /// (read from the node at each call).
+    pub pending_bytes: u64,
+    /// Bytes zeroed since the driver started.
+    pub wiped_bytes: u64,
+    /// Seconds spent zeroing them.
+    pub seconds: f64,
+}
+
 /// Result of an expansion.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Expanded {
@@ -265,6 +278,15 @@ pub enum Unusable {
     ThinPoolMissing { vg: String, thin: String },
     #[error("{vg}/{thin} is not a thin pool")]
     NotAThinPool { vg: String, thin: String },
+    /// A thin pool made with `-Zn` (or changed to `--zero n`) hands a new
+    /// thin volume blocks a deleted one wrote, unzeroed: another tenant's
+    /// data. The driver refuses to serve from it.
+    #[error(
+        "thin pool {vg}/{thin} does not zero newly provisioned blocks (created with -Zn?): \
+         a new volume could read a deleted volume's data; turn zeroing on with \
+         `lvchange --zero y {vg}/{thin}`"
+    )]
+    ThinPoolNotZeroing { vg: String, thin: String },
     /// The check itself failed (an lvm report that timed out or failed).
     #[error("the health check failed: {0}")]
     CheckFailed(String),
@@ -346,6 +368,11 @@ pub trait Pool: NodeSide {
         Ok(all)
     }
     async fn capacity(&self) -> Result<Capacity>;
+    /// What waits to be wiped and what was wiped, for a pool that zeroes
+    /// deleted volumes in the background (None: it does not).
+    async fn wipes(&self) -> Result<Option<Wipes>> {
+        Ok(None)
+    }
     /// Snapshots, restores and clones, for a pool that takes them (None:
     /// the pool offers none; callers answer for that themselves).
     fn snapshots(&self) -> Option<&dyn Snapshots> {

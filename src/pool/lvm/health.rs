@@ -1,5 +1,6 @@
 //! Whether an LVM pool can serve: its volume group exists (and its thin pool
-//! is one), as `vgs`/`lvs` report it right now.
+//! is one, and zeroes the blocks it provisions), as `vgs`/`lvs` report it
+//! right now.
 //!
 //! Probe, `/readyz` and every metrics scrape ask, and the liveness-probe
 //! sidecar gives a Probe one second by default: running lvm for each would
@@ -40,6 +41,10 @@ pub fn judge(
     };
     let names = || (vg.to_owned(), thin.to_owned());
     match report {
+        Ok(Some(lv)) if lv.is_thin_pool() && !lv.zeroes_new_blocks() => {
+            let (vg, thin) = names();
+            Health::Unusable(Unusable::ThinPoolNotZeroing { vg, thin })
+        }
         Ok(Some(lv)) if lv.is_thin_pool() => Health::Ready,
         Ok(Some(_)) => {
             let (vg, thin) = names();
@@ -166,6 +171,17 @@ mod tests {
             Health::Unusable(Unusable::ThinPoolMissing {
                 vg: "fxvg".into(),
                 thin: "nope".into()
+            })
+        );
+        // A thin pool that does not zero new blocks (`-Zn`: the 8th
+        // lv_attr character is `-` instead of `z`) is refused.
+        let mut unzeroed = lv(&pool).unwrap().unwrap();
+        unzeroed.attr = "twi-aot---".into();
+        assert_eq!(
+            judge("fxvg", vg(), Some((&pool, Ok(Some(unzeroed))))),
+            Health::Unusable(Unusable::ThinPoolNotZeroing {
+                vg: "fxvg".into(),
+                thin: pool.clone()
             })
         );
         // The VG is judged first.

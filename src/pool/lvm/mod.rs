@@ -15,6 +15,8 @@
 //! - `capacity`: sizes in whole extents and what the pool can still offer;
 //! - `restore`: restores and clones (thin snapshots, or block copies that
 //!   survive a cancelled RPC and a crash);
+//! - `wipe`: thick pools zero deleted volumes and snapshots in the
+//!   background before their extents return to the VG;
 //! - `tests`: all of the above on recorded `lvs` JSON, without root or the VM.
 
 use std::collections::HashMap;
@@ -26,6 +28,7 @@ use async_trait::async_trait;
 use super::{
     AccessType, Capacity, CapacityRange, CreateRequest, Expanded, Health, NodeSide, Pool,
     PoolError, Result, Snapshot, SnapshotRequest, Snapshots, Source, ThinUsage, Usage, Volume,
+    Wipes,
 };
 use crate::blockdev::FsType;
 use crate::config::{LvmPoolConfig, DEFAULT_THIN_FULL_PERCENT, DEFAULT_VOLUME_SIZE};
@@ -37,11 +40,13 @@ mod capacity;
 mod health;
 mod restore;
 mod tags;
+mod wipe;
 
 use capacity::*;
 use health::{HealthCache, HEALTH_TTL};
 use restore::*;
 use tags::*;
+use wipe::{wipe_lv_name, Wiper};
 
 pub struct LvmPool {
     name: PoolName,
@@ -66,11 +71,16 @@ pub struct LvmPool {
     alloc: tokio::sync::Mutex<()>,
     /// The last health answer (see `health.rs`).
     health: HealthCache,
+    /// Thick pools: zeroes deleted LVs before they go (see `wipe.rs`).
+    /// Thin pools need none: the thin pool zeroes every block it
+    /// provisions (checked in `health.rs`).
+    wiper: Option<Wiper>,
 }
 
 impl LvmPool {
     pub async fn open(cfg: LvmPoolConfig) -> Result<Self> {
-        let pool = LvmPool {
+        let cfg_rate = cfg.wipe_rate_limit;
+        let mut pool = LvmPool {
             default_fs: FsType::parse(&cfg.default_fs_type).map_err(|e| {
                 PoolError::Misconfigured {
                     pool: cfg.name.to_string(),
@@ -89,12 +99,17 @@ impl LvmPool {
             alloc: tokio::sync::Mutex::new(()),
             copies: Arc::default(),
             health: HealthCache::default(),
+            wiper: None,
         };
         if let Health::Unusable(why) = pool.check_now().await {
             return Err(PoolError::Misconfigured {
                 pool: pool.name.to_string(),
                 why: why.to_string(),
             });
+        }
+        if pool.thin.is_none() {
+            let rate = cfg_rate.map(|r| r.0);
+            pool.wiper = Some(Wiper::start(&pool.vg, &pool.name, rate));
         }
         tracing::info!(pool = %pool.name, vg = pool.vg, thin = ?pool.thin, "lvm pool opened");
         Ok(pool)
@@ -145,7 +160,25 @@ impl LvmPool {
             lv = self.lv_path(&lv.name),
             "removing an unfinished restore or clone: its source is gone or invalid"
         );
-        Ok(lvm::remove(&self.lv_path(&lv.name)).await?)
+        self.retire(lv).await
+    }
+
+    /// Takes a deleted LV out of the pool: thin pools remove it; thick
+    /// pools rename it for the wiper (`wipe.rs`), which zeroes and then
+    /// removes it. Either way its name is free when this returns.
+    async fn retire(&self, lv: &LvInfo) -> Result<()> {
+        let Some(wiper) = &self.wiper else {
+            return Ok(lvm::remove(&self.lv_path(&lv.name)).await?);
+        };
+        let to = wipe_lv_name(&lv.name);
+        lvm::rename(&self.vg, &lv.name, &to).await?;
+        tracing::info!(
+            lv = self.lv_path(&lv.name),
+            wiping_as = to,
+            "deleted; its blocks are zeroed before they return to the volume group"
+        );
+        wiper.wake();
+        Ok(())
     }
 
     async fn lookup(&self, key: &VolumeKey) -> Result<Option<LvInfo>> {
@@ -344,7 +377,7 @@ impl Pool for LvmPool {
                 ),
             });
         }
-        Ok(lvm::remove(&self.lv_path(&lv.name)).await?)
+        self.retire(&lv).await
     }
 
     async fn expand(&self, id: &VolumeId, range: CapacityRange) -> Result<Expanded> {
@@ -395,6 +428,13 @@ impl Pool for LvmPool {
             available_bytes: now,
             maximum_volume_size: now,
         })
+    }
+
+    async fn wipes(&self) -> Result<Option<Wipes>> {
+        match &self.wiper {
+            None => Ok(None),
+            Some(w) => Ok(Some(w.wipes(&lvm::lvs(&self.vg).await?))),
+        }
     }
 
     fn snapshots(&self) -> Option<&dyn Snapshots> {
@@ -564,7 +604,15 @@ impl Snapshots for LvmPool {
                 kind: "snapshot",
             });
         }
-        Ok(lvm::remove(&self.lv_path(&name)).await?)
+        if lv.open {
+            // A thick restore or clone copying from it (lvremove would
+            // refuse too; a renamed snapshot would be split under the copy).
+            return Err(PoolError::InUse {
+                volume: id.to_string(),
+                why: format!("(snapshot LV {}) is open; retry later", lv.path),
+            });
+        }
+        self.retire(&lv).await
     }
 
     async fn get_snapshot(&self, id: &VolumeId) -> Result<Option<Snapshot>> {

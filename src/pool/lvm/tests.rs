@@ -26,6 +26,7 @@ fn pool(name: &str, thin: Option<&str>) -> LvmPool {
         copies: Arc::default(),
         alloc: tokio::sync::Mutex::new(()),
         health: HealthCache::default(),
+        wiper: None,
     }
 }
 
@@ -368,4 +369,30 @@ fn thin_offers_the_smaller_of_promise_room_and_unwritten_data() {
         capacity::ThinOffer::new(1024 * MI, None, 1.0, 0, 0, EXT).offered(),
         1024 * MI
     );
+}
+
+#[test]
+fn an_lv_being_wiped_is_neither_a_volume_nor_a_snapshot() {
+    let p = pool("thin", Some("tp"));
+    let tags = [
+        "localvol",
+        "localvol.pool=thin",
+        "localvol.name=pvc-1",
+        "localvol.access=block",
+        "localvol.kind=snapshot",
+        "localvol.source=thin.x",
+        "localvol.size=1",
+    ];
+    let lv_name = format!("lv-{KEY}");
+    let a = wipe::wipe_lv_name(&lv_name);
+    let b = wipe::wipe_lv_name(&format!("sn-{KEY}"));
+    assert!(a.starts_with(&format!("wp-{KEY}-")), "{a}");
+    assert!(b.starts_with(&format!("wp-{KEY}-")), "{b}");
+    assert_ne!(a, b, "a second delete of the same name gets its own LV");
+    let mut wiping = lv(&lv_name, &tags);
+    wiping.name = a;
+    assert!(wipe::is_wiping(&wiping));
+    assert!(p.to_volume(&wiping).is_none());
+    assert!(p.to_snapshot(&wiping).is_none());
+    assert!(!wipe::is_wiping(&lv(&lv_name, &tags)));
 }
