@@ -201,6 +201,7 @@ mod tests {
             access_type: AccessType::Mount,
             inode_limit: None,
             parameters: Default::default(),
+            encryption: None,
         };
         d.pools.get(&pool).unwrap().create(&req).await.unwrap().id
     }

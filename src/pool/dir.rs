@@ -499,6 +499,12 @@ impl Pool for DirPool {
     }
 
     async fn create(&self, req: &CreateRequest) -> Result<Volume> {
+        if req.encryption.is_some() {
+            return Err(PoolError::UnsupportedParameter(format!(
+                "encryption applies to LVM pools; pool {} is a directory pool",
+                self.name
+            )));
+        }
         let key = req.id.key.clone();
         if let Some(existing) = self.state().volumes.get(&key).cloned() {
             return super::matches_request(existing, req, true);
@@ -529,6 +535,7 @@ impl Pool for DirPool {
             inode_limit: req.inode_limit,
             grow_filesystem: false,
             inactive: false,
+            encryption: None,
         };
         for _ in 0..PROJECT_TRIES {
             let space = self.space().await?;
@@ -795,6 +802,7 @@ mod tests {
             access_type: AccessType::Mount,
             inode_limit: None,
             parameters: Default::default(),
+            encryption: None,
         }
     }
 

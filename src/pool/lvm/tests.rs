@@ -48,6 +48,7 @@ fn request(name: &str, access: AccessType) -> CreateRequest {
         access_type: access,
         inode_limit: None,
         parameters: Default::default(),
+        encryption: None,
         source: None,
     }
 }
