@@ -98,11 +98,11 @@ pub enum CryptError {
     #[error("{dev:?} holds {found}, not a LUKS volume; not encrypting or opening it")]
     NotLuks { dev: PathBuf, found: String },
     /// The mapping name is taken by a mapping of another device.
-    #[error("device-mapper name {name} maps {found:?}, not {want:?}")]
+    #[error("device-mapper name {name} maps device {found}, not the volume's ({want})")]
     NameTaken {
         name: String,
-        found: PathBuf,
-        want: PathBuf,
+        found: String,
+        want: String,
     },
     /// The mapping is still mounted (or its node bound) somewhere.
     #[error("mapping {name} is still in use: mounted at {at:?}")]
@@ -176,26 +176,34 @@ pub fn open_command(dev: &Path, name: &str, key: &Key) -> Cmd {
         .timeout(CRYPTSETUP_TIMEOUT)
 }
 
-/// The device an open mapping is on, from sysfs (`/sys/block/dm-N/slaves`);
-/// None when no mapping of that name exists. Blocking.
-pub fn mapped_device(name: &str) -> Result<Option<PathBuf>> {
+/// A block device's number (`major:minor`), as sysfs names it. Blocking.
+pub fn device_number(dev: &Path) -> Result<String> {
+    use std::os::unix::fs::MetadataExt;
+    let (_, md) = crate::mount::block_device(dev)?;
+    Ok(format!("{}:{}", libc::major(md.rdev()), libc::minor(md.rdev())))
+}
+
+/// The number (`major:minor`) of the device an open mapping is on, from
+/// sysfs (`/sys/dev/block/<mapping>/slaves/*/dev`); None when no mapping of
+/// that name exists. Device numbers, not names: `/dev/mapper` entries are
+/// symlinks under udev and device nodes without it. Blocking.
+pub fn mapped_device(name: &str) -> Result<Option<String>> {
     let path = mapping_path(name);
-    let real = match std::fs::canonicalize(&path) {
-        Ok(r) => r,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
-        Err(e) => return Err(IoError::new(format!("resolving {path:?}"), e).into()),
+    let mapping = match device_number(&path) {
+        Ok(n) => n,
+        Err(CryptError::Mount(crate::mount::MountError::DeviceMissing { .. })) => {
+            return Ok(None)
+        }
+        Err(e) => return Err(e),
     };
-    let node = real
-        .file_name()
-        .ok_or_else(|| other(format!("{path:?} resolves to {real:?}")))?;
-    let slaves = Path::new("/sys/block").join(node).join("slaves");
+    let slaves = PathBuf::from(format!("/sys/dev/block/{mapping}/slaves"));
     let mut below = std::fs::read_dir(&slaves).ctx(|| format!("reading {slaves:?}"))?;
-    match below.next() {
-        Some(e) => Ok(Some(
-            Path::new("/dev").join(e.ctx(|| format!("reading {slaves:?}"))?.file_name()),
-        )),
-        None => Err(other(format!("{path:?} maps no device")).into()),
-    }
+    let Some(entry) = below.next() else {
+        return Err(other(format!("{path:?} maps no device")).into());
+    };
+    let dev = entry.ctx(|| format!("reading {slaves:?}"))?.path().join("dev");
+    let number = std::fs::read_to_string(&dev).ctx(|| format!("reading {dev:?}"))?;
+    Ok(Some(number.trim().to_owned()))
 }
 
 fn other(what: String) -> IoError {
@@ -213,8 +221,7 @@ fn other(what: String) -> IoError {
 pub async fn ensure_open(backing: &Path, name: &str, key: &Key) -> Result<PathBuf> {
     let (b, n) = (backing.to_path_buf(), name.to_owned());
     let (mapped, want) = crate::error::blocking(move || -> Result<_> {
-        let want = std::fs::canonicalize(&b).ctx(|| format!("resolving {b:?}"))?;
-        Ok((mapped_device(&n)?, want))
+        Ok((mapped_device(&n)?, device_number(&b)?))
     })
     .await?;
     match mapped {

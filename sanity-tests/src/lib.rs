@@ -196,6 +196,9 @@ pub struct DriverOpts {
     /// YAML appended to the generated config as it is (e.g. a `discovery:`
     /// section: `tests/static_volumes.rs`).
     pub extra_config: String,
+    /// Environment of the driver process beyond the test's own (e.g. a
+    /// `PATH` with a stand-in program first: `tests/vm_luks.rs`).
+    pub env: Vec<(String, String)>,
 }
 
 impl Default for DriverOpts {
@@ -211,6 +214,7 @@ impl Default for DriverOpts {
             socket_group: None,
             lvm_pools: Vec::new(),
             extra_config: String::new(),
+            env: Vec::new(),
         }
     }
 }
@@ -451,6 +455,9 @@ impl Driver {
         }
         // Plain text in the log file.
         cmd.env("NO_COLOR", "1");
+        for (k, v) in &self.opts.env {
+            cmd.env(k, v);
+        }
         if std::env::var_os("RUST_LOG").is_none() {
             cmd.env("RUST_LOG", "info");
         }
