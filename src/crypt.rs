@@ -180,7 +180,11 @@ pub fn open_command(dev: &Path, name: &str, key: &Key) -> Cmd {
 pub fn device_number(dev: &Path) -> Result<String> {
     use std::os::unix::fs::MetadataExt;
     let (_, md) = crate::mount::block_device(dev)?;
-    Ok(format!("{}:{}", libc::major(md.rdev()), libc::minor(md.rdev())))
+    Ok(format!(
+        "{}:{}",
+        libc::major(md.rdev()),
+        libc::minor(md.rdev())
+    ))
 }
 
 /// The number (`major:minor`) of the device an open mapping is on, from
@@ -191,9 +195,7 @@ pub fn mapped_device(name: &str) -> Result<Option<String>> {
     let path = mapping_path(name);
     let mapping = match device_number(&path) {
         Ok(n) => n,
-        Err(CryptError::Mount(crate::mount::MountError::DeviceMissing { .. })) => {
-            return Ok(None)
-        }
+        Err(CryptError::Mount(crate::mount::MountError::DeviceMissing { .. })) => return Ok(None),
         Err(e) => return Err(e),
     };
     let slaves = PathBuf::from(format!("/sys/dev/block/{mapping}/slaves"));
@@ -201,7 +203,10 @@ pub fn mapped_device(name: &str) -> Result<Option<String>> {
     let Some(entry) = below.next() else {
         return Err(other(format!("{path:?} maps no device")).into());
     };
-    let dev = entry.ctx(|| format!("reading {slaves:?}"))?.path().join("dev");
+    let dev = entry
+        .ctx(|| format!("reading {slaves:?}"))?
+        .path()
+        .join("dev");
     let number = std::fs::read_to_string(&dev).ctx(|| format!("reading {dev:?}"))?;
     Ok(Some(number.trim().to_owned()))
 }

@@ -112,6 +112,11 @@ pub struct BenchArgs {
     /// CreateVolume parameter (repeatable).
     #[arg(long = "param", value_name = "KEY=VALUE", value_parser = parse_param)]
     pub params: Vec<(String, String)>,
+    /// NodeStageVolume secret whose value is read from FILE (repeatable;
+    /// e.g. `encryptionKey=key.bin` with `--param encryption=luks2`). From a
+    /// file, so a key never shows in the command line.
+    #[arg(long = "stage-secret-file", value_name = "KEY=FILE", value_parser = parse_param)]
+    pub stage_secret_files: Vec<(String, String)>,
     /// fs_type of the mount capability.
     #[arg(long, default_value = "")]
     pub fs_type: String,
@@ -151,6 +156,18 @@ pub struct BenchArgs {
     /// alone costs six round trips.
     #[arg(long, conflicts_with_all = ["floor", "floor_lvm", "params"])]
     pub floor_rpc: bool,
+}
+
+/// `--stage-secret-file KEY=FILE` values: each file's content (UTF-8, as
+/// CSI secrets are strings), exactly.
+fn read_secret_files(files: &[(String, String)]) -> Result<HashMap<String, String>, String> {
+    files
+        .iter()
+        .map(|(k, f)| {
+            let v = std::fs::read_to_string(f).map_err(|e| format!("reading {f:?}: {e}"))?;
+            Ok((k.clone(), v))
+        })
+        .collect()
 }
 
 /// `--server-pid`: a pid, or `auto` (the unix socket's peer).
@@ -590,6 +607,8 @@ struct CsiCtx {
     stage_unstage: bool,
     capability: csi::VolumeCapability,
     parameters: HashMap<String, String>,
+    /// NodeStageVolume secrets (`--stage-secret-file`).
+    stage_secrets: HashMap<String, String>,
     size: i64,
     prefix: String,
     /// `--floor-rpc`: GetPluginInfo calls instead of the lifecycle's RPCs.
@@ -644,6 +663,7 @@ async fn run_csi(
         stage_unstage,
         capability,
         parameters: client::param_map(None, &args.params)?,
+        stage_secrets: read_secret_files(&args.stage_secret_files)?,
         size: args.size,
         prefix: format!("{}-{run_id}", args.name_prefix),
         probe_only: args.floor_rpc,
@@ -921,7 +941,7 @@ async fn csi_stage(
         publish_context: HashMap::new(),
         staging_target_path: staging_s.to_owned(),
         volume_capability: Some(ctx.capability.clone()),
-        secrets: HashMap::new(),
+        secrets: ctx.stage_secrets.clone(),
         volume_context: p.volume_context.clone(),
     };
     let call = client::call(ctx.clients.timeout, req, |r| node.node_stage_volume(r));
