@@ -154,6 +154,7 @@ test-image:
 # run (see vm/bench-lvm). BENCH_VOLUMES, BENCH_CONCURRENCY, BENCH_ROUNDS, BENCH_FS,
 # BENCH_POOLS and RUST_LOG pass through, e.g.
 #   make bench-vm BENCH_VOLUMES=16 BENCH_FS="ext4 xfs"
+#   make bench-vm BENCH_POOLS="thick thick-luks" BENCH_ROUNDS=3   # encryption's cost
 # The binary and the script are copied to a private dir first (a concurrent build
 # or edit cannot change them under the running guest). Slow: TCG emulation.
 BENCH_VM_TIMEOUT ?= 3600

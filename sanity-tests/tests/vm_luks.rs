@@ -320,6 +320,14 @@ async fn encrypted_raw_block(kind: Kind) {
         fx.create(encrypted_req("enc-blk", 64 * MI, "block")).await,
     );
     let id = v.volume_id;
+    // Not staged: its mapping is not open (kubelet stages first).
+    let mut req = publish_req(&id, &fx.d.staging_path("a"), &fx.d.target_path("a"), false);
+    req.volume_capability = Some(cap("block"));
+    assert_code(
+        "publish before stage",
+        fx.d.node().node_publish_volume(req).await,
+        Code::FailedPrecondition,
+    );
     let target = mount(&fx, &id, "a", "block").await;
     {
         let mut f = fs::OpenOptions::new()

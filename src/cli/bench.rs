@@ -158,18 +158,6 @@ pub struct BenchArgs {
     pub floor_rpc: bool,
 }
 
-/// `--stage-secret-file KEY=FILE` values: each file's content (UTF-8, as
-/// CSI secrets are strings), exactly.
-fn read_secret_files(files: &[(String, String)]) -> Result<HashMap<String, String>, String> {
-    files
-        .iter()
-        .map(|(k, f)| {
-            let v = std::fs::read_to_string(f).map_err(|e| format!("reading {f:?}: {e}"))?;
-            Ok((k.clone(), v))
-        })
-        .collect()
-}
-
 /// `--server-pid`: a pid, or `auto` (the unix socket's peer).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum ServerPid {
@@ -663,7 +651,7 @@ async fn run_csi(
         stage_unstage,
         capability,
         parameters: client::param_map(None, &args.params)?,
-        stage_secrets: read_secret_files(&args.stage_secret_files)?,
+        stage_secrets: client::read_secret_files(&args.stage_secret_files)?,
         size: args.size,
         prefix: format!("{}-{run_id}", args.name_prefix),
         probe_only: args.floor_rpc,

@@ -401,6 +401,16 @@ impl csi::node_server::Node for NodeService {
             check_access_type(&cap, &vol)?;
             let src = pool.source(&vol)?;
             let opts = mount_options(&cap, &src)?;
+            if let Some(enc) = pool.encrypted(&vol)? {
+                // Its source is the mapping NodeStage opens (with the key).
+                let name = enc.mapping.clone();
+                if blocking(move || Ok::<_, Status>(crypt::mapped_device(&name)?)).await?.is_none() {
+                    return Err(Status::failed_precondition(format!(
+                        "volume {id} is encrypted and not staged (mapping {} is not open); call NodeStageVolume first",
+                        enc.mapping
+                    )));
+                }
+            }
             let read_only = req.readonly || cap.mode.read_only();
             let single_writer = cap.mode == AccessMode::SingleNodeSingleWriter;
             if let (Source::Device(dev), AccessType::Block) = (&src, vol.access_type) {
