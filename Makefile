@@ -129,7 +129,8 @@ test-vm:
 # release binary at /usr/local/bin/localvol and runs vm/image-lifecycle there: the programs
 # the driver runs (vm/driver-programs, read from src/) and lvm's thin_check are present, a
 # thin-pool activation runs thin_check, and a dir, a thick (ext4) and a thin (xfs) pool go
-# through create, stage, publish, write, expand, snapshot and restore (LVM), and delete.
+# through create, stage, publish, write, expand, snapshot and restore (LVM), and delete, and
+# so does an encrypted (LUKS2) volume of the thick pool.
 # The binary is copied to a private dir first (a concurrent build cannot replace it).
 IMAGE_TEST_TIMEOUT ?= 900
 test-image:
