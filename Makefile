@@ -130,7 +130,8 @@ test-vm:
 # release binary at /usr/local/bin/localvol and runs vm/image-lifecycle there: the programs
 # the driver runs (vm/driver-programs, read from src/) and lvm's thin_check are present, a
 # thin-pool activation runs thin_check, and a dir, a thick (ext4) and a thin (xfs) pool go
-# through create, stage, publish, write, expand, snapshot and restore (LVM), and delete.
+# through create, stage, publish, write, expand, snapshot and restore (LVM), and delete, and
+# so does an encrypted (LUKS2) volume of the thick pool.
 # The binary is copied to a private dir first (a concurrent build cannot replace it).
 IMAGE_TEST_TIMEOUT ?= 900
 test-image:
@@ -156,6 +157,7 @@ test-image:
 # BENCH_CONCURRENCY, BENCH_ROUNDS, BENCH_FS, BENCH_WIPE_VOLUMES, BENCH_WIPE_SIZE,
 # BENCH_POOLS and RUST_LOG pass through, e.g.
 #   make bench-vm BENCH_VOLUMES=16 BENCH_FS="ext4 xfs"
+#   make bench-vm BENCH_POOLS="thick thick-luks" BENCH_ROUNDS=3   # encryption's cost
 # The binary and the script are copied to a private dir first (a concurrent build
 # or edit cannot change them under the running guest). Slow: TCG emulation.
 BENCH_VM_TIMEOUT ?= 3600

@@ -55,6 +55,8 @@ pub enum Content {
     Empty,
     /// A filesystem of this type (`TYPE=` from blkid).
     Filesystem(String),
+    /// A LUKS volume (`TYPE=crypto_LUKS`): an encrypted volume's backing device.
+    Luks,
     /// Something else: a partition table, a RAID/LVM member, ...
     Other(String),
 }
@@ -68,6 +70,7 @@ pub fn parse_blkid_export(out: &str) -> Content {
     };
     let usage = get("USAGE");
     match (get("TYPE"), get("PTTYPE")) {
+        (Some(t), _) if t == "crypto_LUKS" => Content::Luks,
         (Some(t), _) if usage.as_deref().is_none_or(|u| u == "filesystem") => {
             Content::Filesystem(t)
         }
@@ -246,6 +249,12 @@ pub(crate) mod tests {
                 "DEVNAME=/dev/loop0\nUUID=x\nVERSION=LVM2 001\nTYPE=LVM2_member\nUSAGE=raid\n"
             ),
             Content::Other("LVM2_member (raid)".into())
+        );
+        assert_eq!(
+            parse_blkid_export(
+                "DEVNAME=/dev/loop1\nVERSION=2\nUUID=6dc9\nTYPE=crypto_LUKS\nUSAGE=crypto\n"
+            ),
+            Content::Luks
         );
         assert_eq!(
             parse_blkid_export("DEVNAME=/dev/loop0\nPTUUID=a\nPTTYPE=gpt\n"),

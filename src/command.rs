@@ -4,6 +4,10 @@
 //! shell (arguments are passed as a vector: no user input is ever interpreted),
 //! with a timeout, and is killed when its future is dropped, so a cancelled RPC
 //! never leaves a child running.
+//!
+//! Secrets (a LUKS key) go on the child's stdin ([`Cmd::secret_stdin`]), never
+//! in its arguments or environment: those are world-readable in
+//! `/proc/<pid>/cmdline` and logged by [`Cmd`]'s `Debug`, stdin is neither.
 
 use std::ffi::OsString;
 use std::fmt;
@@ -74,6 +78,9 @@ pub struct Cmd {
     args: Vec<OsString>,
     env: Vec<(String, OsString)>,
     timeout: Duration,
+    /// Bytes written to the child's stdin (then closed); None: `/dev/null`.
+    /// Never shown by `Debug`, overwritten with zeroes once written.
+    stdin: Option<Vec<u8>>,
 }
 
 impl fmt::Debug for Cmd {
@@ -81,6 +88,9 @@ impl fmt::Debug for Cmd {
         write!(f, "{}", self.program)?;
         for a in &self.args {
             write!(f, " {}", a.to_string_lossy())?;
+        }
+        if self.stdin.is_some() {
+            write!(f, " <secret on stdin>")?;
         }
         Ok(())
     }
@@ -93,6 +103,7 @@ impl Cmd {
             args: Vec::new(),
             env: Vec::new(),
             timeout: DEFAULT_TIMEOUT,
+            stdin: None,
         }
     }
     pub fn arg(mut self, a: impl Into<OsString>) -> Self {
@@ -115,13 +126,29 @@ impl Cmd {
         self.timeout = t;
         self
     }
+    /// Feeds `bytes` to the child's stdin and closes it: the way a secret
+    /// reaches a program (`cryptsetup --key-file -`). The command's `Debug`
+    /// (what the log shows) says only that there is one.
+    pub fn secret_stdin(mut self, bytes: &[u8]) -> Self {
+        self.stdin = Some(bytes.to_vec());
+        self
+    }
+    /// The arguments, as the child will see them in its `argv` (tests).
+    pub fn argv(&self) -> impl Iterator<Item = &OsString> {
+        self.args.iter()
+    }
 
     /// Runs the command; a non-zero exit is an error carrying stderr.
-    pub async fn run(self) -> Result<Output, CommandError> {
+    pub async fn run(mut self) -> Result<Output, CommandError> {
         let mut cmd = Command::new(&self.program);
+        let input = if self.stdin.is_some() {
+            Stdio::piped()
+        } else {
+            Stdio::null()
+        };
         cmd.args(&self.args)
             .env("LC_ALL", "C")
-            .stdin(Stdio::null())
+            .stdin(input)
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
             .kill_on_drop(true);
@@ -129,11 +156,20 @@ impl Cmd {
             cmd.env(k, v);
         }
         tracing::debug!(command = ?self, "running");
-        let child = cmd.spawn().map_err(|source| CommandError::Spawn {
+        let mut child = cmd.spawn().map_err(|source| CommandError::Spawn {
             program: self.program.clone(),
             source,
         })?;
-        let out = match tokio::time::timeout(self.timeout, child.wait_with_output()).await {
+        let feed = feed_stdin(child.stdin.take(), self.stdin.take());
+        let run = async {
+            // Fed concurrently with the wait, so a child that reads its
+            // input late, or never, cannot block the other. A child that
+            // exits without reading breaks the pipe: its exit status says
+            // what happened, so the write's error is not the answer.
+            let (_, out) = tokio::join!(feed, child.wait_with_output());
+            out
+        };
+        let out = match tokio::time::timeout(self.timeout, run).await {
             Ok(r) => r.map_err(|source| CommandError::Spawn {
                 program: self.program.clone(),
                 source,
@@ -242,6 +278,18 @@ impl Running {
     }
 }
 
+/// Writes `bytes` into the child's stdin, closes it and overwrites the bytes.
+async fn feed_stdin(pipe: Option<tokio::process::ChildStdin>, bytes: Option<Vec<u8>>) {
+    use tokio::io::AsyncWriteExt;
+    let Some(mut bytes) = bytes else { return };
+    if let Some(mut pipe) = pipe {
+        let _ = pipe.write_all(&bytes).await;
+        let _ = pipe.shutdown().await;
+    }
+    bytes.iter_mut().for_each(|b| *b = 0);
+    std::hint::black_box(&bytes);
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -302,6 +350,35 @@ mod tests {
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
         assert!(gone, "child {pid} still running after timeout");
+    }
+
+    /// A secret reaches the child on stdin only: not in its argv, not in its
+    /// environment, not in what the log prints of the command.
+    #[tokio::test]
+    async fn secret_goes_on_stdin_and_nowhere_else() {
+        let secret = "s3cr3t-key-material";
+        let cmd = Cmd::new("sh")
+            .args([
+                "-c",
+                "cat; printf '|'; cat /proc/$$/cmdline | tr '\\0' ' '; printf '|'; cat /proc/$$/environ | tr '\\0' ' '",
+            ])
+            .secret_stdin(secret.as_bytes());
+        let shown = format!("{cmd:?}");
+        assert!(!shown.contains(secret), "{shown}");
+        assert!(shown.contains("<secret on stdin>"), "{shown}");
+        assert!(cmd.argv().all(|a| !a.to_string_lossy().contains(secret)));
+        let out = cmd.run().await.unwrap();
+        let mut parts = out.stdout.split('|');
+        assert_eq!(parts.next(), Some(secret), "the child read it on stdin");
+        let (argv, env) = (parts.next().unwrap(), parts.next().unwrap());
+        assert!(argv.starts_with("sh -c"), "{argv}");
+        assert!(!argv.contains(secret) && !env.contains(secret));
+    }
+
+    #[tokio::test]
+    async fn stdin_is_empty_without_a_secret() {
+        let out = Cmd::new("cat").run().await.unwrap();
+        assert_eq!(out.stdout, "");
     }
 
     #[tokio::test]

@@ -237,19 +237,19 @@ impl Driver {
             .try_lock(id.key.as_str(), &format!("snapshot {id}"))
     }
 
-    /// For unstage and unpublish: the id and device of a volume whose pool
+    /// For unstage and unpublish: the id, device and (pools that encrypt)
+    /// mapping name of a volume whose pool
     /// names its device from the id alone (LVM), saving a lookup (an `lvs`
     /// run). `Ok(None)`: use [`Driver::find`]. Bad ids are INVALID_ARGUMENT.
-    pub fn device_of(
-        &self,
-        what: &str,
-        raw: &str,
-    ) -> Result<Option<(VolumeId, PathBuf)>, InvalidName> {
+    pub fn device_of(&self, what: &str, raw: &str) -> Result<Option<DeviceOf>, InvalidName> {
         let ParsedId::Volume(id) = VolumeId::parse(what, raw)? else {
             return Ok(None);
         };
-        let dev = self.pools.get(&id.pool).and_then(|p| p.device_of(&id));
-        Ok(dev.map(|d| (id, d)))
+        let Some(pool) = self.pools.get(&id.pool) else {
+            return Ok(None);
+        };
+        let mapping = pool.mapping_of(&id);
+        Ok(pool.device_of(&id).map(|dev| DeviceOf { id, dev, mapping }))
     }
 
     /// Like [`Driver::find`], NOT_FOUND when missing.
@@ -265,6 +265,15 @@ impl Driver {
                 node: self.node_id.clone(),
             })
     }
+}
+
+/// A volume's devices as its pool names them from its id alone.
+pub struct DeviceOf {
+    pub id: VolumeId,
+    /// Its own device (an LV).
+    pub dev: PathBuf,
+    /// The device-mapper name it has when it is encrypted and open.
+    pub mapping: Option<String>,
 }
 
 impl crate::metrics::Source for Driver {

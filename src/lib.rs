@@ -7,6 +7,7 @@ pub mod blockdev;
 pub mod command;
 pub mod config;
 pub mod controller;
+mod crypt;
 pub mod discovery;
 mod driver;
 pub mod endpoint;

@@ -206,6 +206,7 @@ mod tests {
             access_type: AccessType::Mount,
             inode_limit: None,
             parameters: Default::default(),
+            encryption: None,
         };
         d.pools.get(&pool).unwrap().create(&req).await.unwrap().id
     }

@@ -349,7 +349,9 @@ VSC_SCHEMA = {
     },
 }
 
-SC_PARAMS = re.compile(r"^(pool|inodeLimit|csi\.storage\.k8s\.io/.+)$")
+SC_PARAMS = re.compile(r"^(pool|inodeLimit|encryption|csi\.storage\.k8s\.io/.+)$")
+# The node-stage secret field holding an encrypted volume's key (src/crypt.rs).
+KEY_FIELD = "encryptionKey"
 VSC_PARAMS = re.compile(r"^(snapshotSize|csi\.storage\.k8s\.io/.+)$")
 POOL_NAME = re.compile(r"^[a-z0-9-]{1,32}$")
 LVM_NAME = re.compile(r"^[A-Za-z0-9+_.][A-Za-z0-9+_.-]{0,126}$")
@@ -1085,6 +1087,22 @@ def check_classes(render, docs, pools, sidecars, shipped, static_classes=frozens
                 problems.append("fstype on a directory pool")
             if "inodeLimit" in params and (pool["type"] != "dir" or pool.get("quota") == "off"):
                 problems.append("inodeLimit needs a dir pool with quotas")
+            if "encryption" in params:
+                if params["encryption"] != "luks2":
+                    problems.append(f"encryption {params['encryption']!r} (luks2)")
+                if pool["type"] != "lvm":
+                    problems.append("encryption needs an LVM pool")
+                name = params.get("csi.storage.k8s.io/node-stage-secret-name")
+                ns = params.get("csi.storage.k8s.io/node-stage-secret-namespace")
+                if not name or not ns:
+                    problems.append("encryption without csi.storage.k8s.io/node-stage-secret-name "
+                                    "and -namespace (the key's Secret)")
+                secret = next((d for d in by_kind(docs, "Secret")
+                               if d["metadata"]["name"] == name
+                               and d["metadata"].get("namespace") == ns), None)
+                if secret is not None and KEY_FIELD not in {**secret.get("data", {}),
+                                                            **secret.get("stringData", {})}:
+                    problems.append(f"Secret {ns}/{name} has no {KEY_FIELD}")
         if s.get("volumeBindingMode", "Immediate") == "Immediate":
             problems += immediate_binding_problems(sidecars)
         if shipped:

@@ -124,6 +124,11 @@ pub struct BenchArgs {
     /// CreateVolume parameter (repeatable).
     #[arg(long = "param", value_name = "KEY=VALUE", value_parser = parse_param)]
     pub params: Vec<(String, String)>,
+    /// NodeStageVolume secret whose value is read from FILE (repeatable;
+    /// e.g. `encryptionKey=key.bin` with `--param encryption=luks2`). From a
+    /// file, so a key never shows in the command line.
+    #[arg(long = "stage-secret-file", value_name = "KEY=FILE", value_parser = parse_param)]
+    pub stage_secret_files: Vec<(String, String)>,
     /// fs_type of the mount capability.
     #[arg(long, default_value = "")]
     pub fs_type: String,
@@ -605,6 +610,8 @@ struct CsiCtx {
     stage_unstage: bool,
     capability: csi::VolumeCapability,
     parameters: HashMap<String, String>,
+    /// NodeStageVolume secrets (`--stage-secret-file`).
+    stage_secrets: HashMap<String, String>,
     size: i64,
     prefix: String,
     /// `--floor-rpc`: GetPluginInfo calls instead of the lifecycle's RPCs.
@@ -659,6 +666,7 @@ async fn run_csi(
         stage_unstage,
         capability,
         parameters: client::param_map(None, &args.params)?,
+        stage_secrets: client::read_secret_files(&args.stage_secret_files)?,
         size: args.size,
         prefix: format!("{}-{run_id}", args.name_prefix),
         probe_only: args.floor_rpc,
@@ -936,7 +944,7 @@ async fn csi_stage(
         publish_context: HashMap::new(),
         staging_target_path: staging_s.to_owned(),
         volume_capability: Some(ctx.capability.clone()),
-        secrets: HashMap::new(),
+        secrets: ctx.stage_secrets.clone(),
         volume_context: p.volume_context.clone(),
     };
     let call = client::call(ctx.clients.timeout, req, |r| node.node_stage_volume(r));

@@ -161,6 +161,11 @@ pub enum ClientCommand {
         /// volume_context entry from CreateVolume (repeatable).
         #[arg(long = "context", value_name = "KEY=VALUE", value_parser = parse_param)]
         context: Vec<(String, String)>,
+        /// Secret whose value is FILE's content (repeatable; e.g.
+        /// `encryptionKey=key.txt` for an encrypted volume). From a file, so
+        /// a key never shows in a command line.
+        #[arg(long = "secret-file", value_name = "KEY=FILE", value_parser = parse_param)]
+        secret_files: Vec<(String, String)>,
     },
     /// NodeUnstageVolume.
     Unstage {
@@ -322,6 +327,18 @@ pub fn parse_param(s: &str) -> Result<(String, String), String> {
         Some((k, v)) if !k.is_empty() => Ok((k.to_owned(), v.to_owned())),
         _ => Err(format!("{s:?} is not KEY=VALUE")),
     }
+}
+
+/// `--secret-file KEY=FILE` values: each file's content (UTF-8, as CSI
+/// secrets are strings), exactly.
+pub fn read_secret_files(files: &[(String, String)]) -> Result<HashMap<String, String>, String> {
+    files
+        .iter()
+        .map(|(k, f)| {
+            let v = std::fs::read_to_string(f).map_err(|e| format!("reading {f:?}: {e}"))?;
+            Ok((k.clone(), v))
+        })
+        .collect()
 }
 
 /// Parses a size flag (`10Mi`, `1Gi`, `1048576`) into CSI's int64 byte count.
@@ -535,7 +552,8 @@ pub async fn run(c: &Clients, cmd: &ClientCommand) -> Result<Output, ClientError
             staging_path,
             cap,
             context,
-        } => cmd_stage(c, volume_id, staging_path, cap, context).await,
+            secret_files,
+        } => cmd_stage(c, volume_id, staging_path, cap, context, secret_files).await,
         ClientCommand::Unstage {
             volume_id,
             staging_path,
@@ -840,15 +858,17 @@ async fn cmd_stage(
     staging_path: &str,
     cap: &CapabilityArgs,
     context: &[(String, String)],
+    secret_files: &[(String, String)],
 ) -> Result<Output, ClientError> {
     let volume_context = param_map(None, context).map_err(ClientError::Usage)?;
+    let secrets = read_secret_files(secret_files).map_err(ClientError::Usage)?;
     let mut n = c.node.clone();
     let req = csi::NodeStageVolumeRequest {
         volume_id: volume_id.to_owned(),
         publish_context: HashMap::new(),
         staging_target_path: staging_path.to_owned(),
         volume_capability: Some(cap.to_csi()),
-        secrets: HashMap::new(),
+        secrets,
         volume_context,
     };
     call(c.timeout, req, |r| n.node_stage_volume(r))

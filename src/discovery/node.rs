@@ -112,6 +112,7 @@ impl StaticPool {
             inode_limit: None,
             grow_filesystem: false,
             inactive: false,
+            encryption: None,
         }
     }
 

@@ -159,6 +159,8 @@ impl Index {
             inode_limit: e.inode_limit,
             grow_filesystem: e.grow_filesystem,
             inactive: false,
+            // Dir pools refuse encryption at create.
+            encryption: None,
         }
     }
 
@@ -664,6 +666,12 @@ impl Pool for DirPool {
     }
 
     async fn create(&self, req: &CreateRequest) -> Result<Volume> {
+        if req.encryption.is_some() {
+            return Err(PoolError::UnsupportedParameter(format!(
+                "encryption applies to LVM pools; pool {} is a directory pool",
+                self.name
+            )));
+        }
         let key = req.id.key.clone();
         let existing = self.state().volumes.get(&key);
         if let Some(existing) = existing {
@@ -695,6 +703,7 @@ impl Pool for DirPool {
             inode_limit: req.inode_limit,
             grow_filesystem: false,
             inactive: false,
+            encryption: None,
         };
         for _ in 0..PROJECT_TRIES {
             let space = self.space().await?;
@@ -964,6 +973,7 @@ mod tests {
             access_type: AccessType::Mount,
             inode_limit: None,
             parameters: Default::default(),
+            encryption: None,
         }
     }
 

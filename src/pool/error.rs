@@ -96,4 +96,6 @@ pub enum PoolError {
     Lvm(#[from] LvmError),
     #[error(transparent)]
     Command(#[from] CommandError),
+    #[error(transparent)]
+    Crypt(#[from] crate::crypt::CryptError),
 }

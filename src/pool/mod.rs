@@ -11,6 +11,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::blockdev::FsType;
 use crate::config::{Config, PoolConfig};
+pub use crate::crypt::Encryption;
 use crate::ids::{PoolName, VolumeId, VolumeName};
 
 pub mod dir;
@@ -80,6 +81,8 @@ pub struct CreateRequest {
     pub inode_limit: Option<u64>,
     /// StorageClass parameters the driver understood (kept in the record).
     pub parameters: BTreeMap<String, String>,
+    /// Encrypt the volume at rest (StorageClass `encryption`; LVM pools).
+    pub encryption: Option<Encryption>,
 }
 
 /// A volume as the services see it, whatever its pool. Dir pools store it
@@ -113,6 +116,9 @@ pub struct Volume {
     /// without VG auto-activation): the node activates it before use.
     #[serde(skip)]
     pub inactive: bool,
+    /// Encrypted at rest: the node opens it with the stage secret's key.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub encryption: Option<Encryption>,
 }
 
 /// The volume-context key kubelet sets to "true" on NodePublishVolume of a
@@ -203,12 +209,21 @@ pub enum Source {
     Device(PathBuf),
 }
 
+/// An encrypted volume on the node: the device holding the LUKS volume and
+/// the name of its opened mapping (whose path is the volume's source).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Encrypted {
+    pub backing: PathBuf,
+    pub mapping: String,
+}
+
 /// Usage of one volume when the backend knows it better than statvfs does:
 /// the same figures.
 pub type Usage = crate::fsutil::FsStats;
 
 /// An existing volume answers a repeated CreateVolume only when the request
-/// describes it (same name, a size in range, the same access type, and, for a
+/// describes it (same name, a size in range, the same access type and
+/// encryption, and, for a
 /// pool that records them (`compare_parameters`), the same parameters and
 /// inode limit); anything else is ALREADY_EXISTS.
 pub fn matches_request(
@@ -222,6 +237,11 @@ pub fn matches_request(
         Some(format!("it has {} bytes", existing.size_bytes))
     } else if existing.access_type != req.access_type {
         Some(format!("it is a {:?} volume", existing.access_type))
+    } else if existing.encryption != req.encryption {
+        Some(match existing.encryption {
+            Some(e) => format!("it is encrypted ({})", e.as_str()),
+            None => "it is not encrypted".to_owned(),
+        })
     } else if compare_parameters
         && (existing.parameters != req.parameters || existing.inode_limit != req.inode_limit)
     {
@@ -310,6 +330,17 @@ pub trait NodeSide: Send + Sync {
     fn device_of(&self, _id: &VolumeId) -> Option<PathBuf> {
         None
     }
+    /// The device-mapper name an encrypted volume with this id is opened as,
+    /// for a pool that encrypts: node calls by id alone use the mapping
+    /// instead of [`NodeSide::device_of`] when it is open.
+    fn mapping_of(&self, _id: &VolumeId) -> Option<String> {
+        None
+    }
+    /// An encrypted volume's backing device and mapping name (None: not
+    /// encrypted). [`NodeSide::source`] of such a volume is the mapping.
+    fn encrypted(&self, _vol: &Volume) -> Result<Option<Encrypted>> {
+        Ok(None)
+    }
     /// Makes a volume whose `inactive` was set usable on this node.
     async fn activate(&self, _vol: &Volume) -> Result<()> {
         Ok(())
@@ -340,6 +371,10 @@ pub trait Pool: NodeSide {
     /// Whether expansion happens in NodeExpandVolume (the node holds the
     /// device) rather than in ControllerExpandVolume.
     fn expands_on_node(&self) -> bool {
+        false
+    }
+    /// Whether volumes can be encrypted at rest (StorageClass `encryption`).
+    fn encrypts(&self) -> bool {
         false
     }
     /// Whether the pool can serve now, from what is on the node (Probe,

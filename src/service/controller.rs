@@ -378,6 +378,14 @@ impl csi::controller_server::Controller for ControllerService {
             }
             let d = &self.driver;
             let pool = self.pool_for(params.pool.as_ref(), content.as_ref())?;
+            if params.encryption.is_some() && !pool.encrypts() {
+                return Err(Status::invalid_argument(format!(
+                    "{} applies to LVM pools; pool {} is {}",
+                    super::PARAM_ENCRYPTION,
+                    pool.name(),
+                    pool.backend()
+                )));
+            }
             let access_type = access_type_of(&caps, pool.as_ref())?;
             self.check_topology(req.accessibility_requirements.as_ref())?;
             let source = content_source(pool.as_ref(), content)?;
@@ -406,6 +414,7 @@ impl csi::controller_server::Controller for ControllerService {
                     access_type,
                     inode_limit: params.inode_limit,
                     parameters: params.kept,
+                    encryption: params.encryption,
                 })
                 .await?;
             let mut volume = self.to_csi(&vol);

@@ -16,7 +16,7 @@ pub use crate::driver::{Driver, TOPOLOGY_KEY};
 /// What every handler and decoder here returns: the code is chosen here.
 pub type Result<T, E = Status> = std::result::Result<T, E>;
 use crate::ids::{truncate, PoolName};
-use crate::pool::{AccessMode, AccessType};
+use crate::pool::{AccessMode, AccessType, Encryption};
 
 pub mod controller;
 pub mod identity;
@@ -27,6 +27,8 @@ pub mod status;
 pub const PARAM_POOL: &str = "pool";
 /// StorageClass parameter: inode (file count) limit of each volume.
 pub const PARAM_INODE_LIMIT: &str = "inodeLimit";
+/// StorageClass parameter: encryption at rest (`luks2`; LVM pools).
+pub const PARAM_ENCRYPTION: &str = "encryption";
 /// Prefix of the parameters Kubernetes' sidecars add (`--extra-create-metadata`).
 pub const K8S_PARAM_PREFIX: &str = "csi.storage.k8s.io/";
 
@@ -123,6 +125,7 @@ pub fn decode_capabilities(caps: &[csi::VolumeCapability]) -> Result<Vec<Capabil
 pub struct PoolParams {
     pub pool: Option<PoolName>,
     pub inode_limit: Option<u64>,
+    pub encryption: Option<Encryption>,
     /// Everything understood that the record keeps.
     pub kept: BTreeMap<String, String>,
 }
@@ -142,6 +145,13 @@ pub fn decode_params(params: &HashMap<String, String>) -> Result<PoolParams> {
             })?;
             out.inode_limit = Some(n);
             out.kept.insert(k.clone(), v.clone());
+        } else if k == PARAM_ENCRYPTION {
+            out.encryption = Some(Encryption::parse(v).ok_or_else(|| {
+                Status::invalid_argument(format!(
+                    "{PARAM_ENCRYPTION} must be luks2 (got {:?})",
+                    truncate(v)
+                ))
+            })?);
         } else if let Some(rest) = k.strip_prefix(K8S_PARAM_PREFIX) {
             crate::ids::check_text("parameter name", rest)?;
             if v.len() > 1024 || v.contains(char::is_control) {
@@ -152,7 +162,7 @@ pub fn decode_params(params: &HashMap<String, String>) -> Result<PoolParams> {
             out.kept.insert(k.clone(), v.clone());
         } else {
             return Err(Status::invalid_argument(format!(
-                "unknown parameter {:?} (known: {PARAM_POOL}, {PARAM_INODE_LIMIT}, {K8S_PARAM_PREFIX}*)",
+                "unknown parameter {:?} (known: {PARAM_POOL}, {PARAM_INODE_LIMIT}, {PARAM_ENCRYPTION}, {K8S_PARAM_PREFIX}*)",
                 truncate(k)
             )));
         }

@@ -7,6 +7,7 @@ use tonic::{Request, Response, Status};
 
 use super::{decode_capability, rpc, to_i64, Capability, Driver, Result};
 use crate::blockdev::{self, Content, FsType};
+use crate::crypt::{self, Key, KEY_FIELD};
 use crate::csi;
 use crate::csi::node_service_capability::{rpc::Type as RpcType, Rpc, Type as CapType};
 use crate::error::blocking;
@@ -47,22 +48,36 @@ impl NodeService {
     /// lock, when its pool names the device from the id (LVM: no `lvs`).
     /// `Ok(false)`, having done nothing: the device is not there (or the pool
     /// cannot name it), so the caller looks the volume up.
+    ///
+    /// An encrypted volume whose mapping is open is mounted and bound from
+    /// the mapping, so `op` gets the mapping's device; with `close`
+    /// (unstage), the mapping is closed after `op` (refused while it is
+    /// still mounted or bound anywhere: FAILED_PRECONDITION).
     async fn by_device(
         &self,
         volume_id: &str,
         path: &RequestPath,
         op: fn(&Path, &Path, &Path) -> Result<bool, NodeError>,
+        close: bool,
     ) -> Result<bool> {
-        let Some((id, dev)) = self.driver.device_of("volume_id", volume_id)? else {
+        let Some(found) = self.driver.device_of("volume_id", volume_id)? else {
             return Ok(false);
         };
-        let _guard = self.driver.lock_volume(&id)?;
-        let path = path.clone();
-        blocking(move || -> Result<_> {
+        let _guard = self.driver.lock_volume(&found.id)?;
+        let (path, dev, mapping) = (path.clone(), found.dev, found.mapping.clone());
+        let (done, mapped) = blocking(move || -> Result<_> {
             let (scope, path) = path.resolve_in()?;
-            Ok(op(&scope, &path, &dev)?)
+            let mapped = mapping
+                .map(|m| crypt::mapping_path(&m))
+                .filter(|m| crate::mount::block_device(m).is_ok());
+            let dev = mapped.clone().unwrap_or(dev);
+            Ok((op(&scope, &path, &dev)?, mapped.is_some()))
         })
-        .await
+        .await?;
+        if let (true, true, true, Some(name)) = (done, mapped, close, &found.mapping) {
+            crypt::close(name).await?;
+        }
+        Ok(done)
     }
 
     /// Where a NodeGetVolumeStats or NodeExpandVolume request says the volume
@@ -214,6 +229,7 @@ impl NodeService {
                 access_type: AccessType::Mount,
                 inode_limit: attrs.params.inode_limit,
                 parameters,
+                encryption: None,
             })
             .await?;
         let Source::Directory(dir) = pool.source(&vol)? else {
@@ -310,6 +326,9 @@ async fn prepare_filesystem(
             }
             Ok(found)
         }
+        Content::Luks => Err(Status::failed_precondition(format!(
+            "{dev:?} holds a LUKS (encrypted) volume, but the volume is not recorded as encrypted; not formatting or mounting it"
+        ))),
         Content::Other(what) => Err(Status::failed_precondition(format!(
             "{dev:?} holds {what}; not formatting or mounting it"
         ))),
@@ -327,14 +346,40 @@ impl csi::node_server::Node for NodeService {
             check_text("volume_id", &req.volume_id)?;
             let staging = self.request_path("staging_target_path", &req.staging_target_path)?;
             let cap = node_capability(req.volume_capability.as_ref())?;
+            // Decoded now, required below once the volume is known to be
+            // encrypted (other volumes ignore it).
+            let key = req.secrets.get(KEY_FIELD).map(|v| Key::new(v.as_bytes()));
             let (id, pool, vol) = self.driver.require("volume_id", &req.volume_id).await?;
             check_access_type(&cap, &vol)?;
+            let enc = pool.encrypted(&vol)?;
+            let key = match (&enc, key) {
+                (None, _) => None,
+                (Some(_), Some(Ok(key))) => Some(key),
+                (Some(_), Some(Err(e))) => {
+                    return Err(Status::invalid_argument(format!(
+                        "volume {id} is encrypted; the node-stage secret's {KEY_FIELD}: {e}"
+                    )))
+                }
+                (Some(_), None) => {
+                    return Err(Status::invalid_argument(format!(
+                        "volume {id} is encrypted and the node-stage secrets have no {KEY_FIELD} \
+                         (StorageClass csi.storage.k8s.io/node-stage-secret-name and -namespace \
+                         must name a Secret with that field)"
+                    )))
+                }
+            };
             let src = pool.source(&vol)?;
             let opts = mount_options(&cap, &src)?;
             let _guard = self.driver.lock_volume(&id)?;
             if vol.inactive {
                 pool.activate(&vol).await?;
             }
+            if let (Some(enc), Some(key)) = (&enc, &key) {
+                // LUKS2 on the LV if it is blank, then open (or reuse) the
+                // mapping: `src` is the mapping from here on.
+                crypt::ensure_open(&enc.backing, &enc.mapping, key).await?;
+            }
+            drop(key);
             match (src, vol.access_type) {
                 (Source::Directory(dir), _) => {
                     blocking(move || -> Result<()> {
@@ -359,6 +404,9 @@ impl csi::node_server::Node for NodeService {
                     if let Some(fs) = staged {
                         // A retry after the grow below failed: grow it now.
                         if vol.grow_filesystem {
+                            if let Some(enc) = &enc {
+                                crypt::resize(&enc.mapping).await?;
+                            }
                             blockdev::grow_fs(&dev, &staging, FsType::parse(&fs)?).await?;
                             pool.filesystem_grown(&vol).await?;
                         }
@@ -384,6 +432,9 @@ impl csi::node_server::Node for NodeService {
                     // Restored or cloned into a larger volume: the filesystem
                     // still has its source's size until it is grown.
                     if vol.grow_filesystem {
+                        if let Some(enc) = &enc {
+                            crypt::resize(&enc.mapping).await?;
+                        }
                         blockdev::grow_fs(&dev, &staging, fs).await?;
                         pool.filesystem_grown(&vol).await?;
                     }
@@ -403,7 +454,7 @@ impl csi::node_server::Node for NodeService {
             check_text("volume_id", &req.volume_id)?;
             let staging = self.request_path("staging_target_path", &req.staging_target_path)?;
             if self
-                .by_device(&req.volume_id, &staging, nodeops::unstage_device)
+                .by_device(&req.volume_id, &staging, nodeops::unstage_device, true)
                 .await?
             {
                 return Ok(csi::NodeUnstageVolumeResponse {});
@@ -449,6 +500,16 @@ impl csi::node_server::Node for NodeService {
             check_access_type(&cap, &vol)?;
             let src = pool.source(&vol)?;
             let opts = mount_options(&cap, &src)?;
+            if let Some(enc) = pool.encrypted(&vol)? {
+                // Its source is the mapping NodeStage opens (with the key).
+                let name = enc.mapping.clone();
+                if blocking(move || Ok::<_, Status>(crypt::mapped_device(&name)?)).await?.is_none() {
+                    return Err(Status::failed_precondition(format!(
+                        "volume {id} is encrypted and not staged (mapping {} is not open); call NodeStageVolume first",
+                        enc.mapping
+                    )));
+                }
+            }
             let read_only = req.readonly || cap.mode.read_only();
             let single_writer = cap.mode == AccessMode::SingleNodeSingleWriter;
             if let (Source::Device(dev), AccessType::Block) = (&src, vol.access_type) {
@@ -497,7 +558,7 @@ impl csi::node_server::Node for NodeService {
             check_text("volume_id", &req.volume_id)?;
             let target = self.request_path("target_path", &req.target_path)?;
             if self
-                .by_device(&req.volume_id, &target, nodeops::unpublish_device)
+                .by_device(&req.volume_id, &target, nodeops::unpublish_device, false)
                 .await?
             {
                 return Ok(csi::NodeUnpublishVolumeResponse {});
@@ -650,6 +711,10 @@ impl csi::node_server::Node for NodeService {
             } else {
                 vol.size_bytes
             };
+            // Encrypted: the open mapping grows to the LV, then what is on it.
+            if let Some(enc) = pool.encrypted(&vol)? {
+                crypt::resize(&enc.mapping).await?;
+            }
             // Device volumes with a filesystem: grow it online to the new size.
             if let (Source::Device(dev), AccessType::Mount) = (pool.source(&vol)?, vol.access_type)
             {

@@ -9,6 +9,7 @@ use tonic::{Code, Status};
 
 use crate::blockdev::UnknownFs;
 use crate::command::CommandError;
+use crate::crypt::{CryptError, KeyError};
 use crate::discovery::StaticError;
 use crate::driver::{DriverError, Unhealthy};
 use crate::error::IoError;
@@ -140,6 +141,7 @@ pub fn pool_code(e: &PoolError) -> Code {
         P::Quota(e) => quota_code(e),
         P::Lvm(e) => lvm_code(e),
         P::Command(e) => command_code(e),
+        P::Crypt(e) => crypt_code(e),
     }
 }
 
@@ -183,6 +185,23 @@ pub fn room_code(e: &RoomError) -> Code {
 /// keeps `ready: false` for a plugin that is still initializing, which
 /// localvol never is once it serves (it opens every pool before binding the
 /// socket).
+/// A key that does not open the volume is an invalid argument: the secret
+/// is a field of the request, and the CO must fix it before retrying (the
+/// spec's meaning of INVALID_ARGUMENT). The volume's own state (holding
+/// something that is not LUKS, a mapping in use) is FAILED_PRECONDITION.
+pub fn crypt_code(e: &CryptError) -> Code {
+    match e {
+        CryptError::WrongKey { .. } => Code::InvalidArgument,
+        CryptError::NotLuks { .. }
+        | CryptError::NameTaken { .. }
+        | CryptError::InUse { .. }
+        | CryptError::Busy { .. } => Code::FailedPrecondition,
+        CryptError::Io(e) => io_code(e),
+        CryptError::Mount(e) => mount_code(e),
+        CryptError::Command(e) => command_code(e),
+    }
+}
+
 pub fn unhealthy_code(_: &Unhealthy) -> Code {
     Code::FailedPrecondition
 }
@@ -213,6 +232,8 @@ to_status! {
     StaticError => static_code;
     DriverError => driver_code;
     RoomError => room_code;
+    CryptError => crypt_code;
+    KeyError => |_: &KeyError| Code::InvalidArgument;
     UnknownFs => |_: &UnknownFs| Code::InvalidArgument;
     InvalidName => |_: &InvalidName| Code::InvalidArgument;
     Busy => |_: &Busy| Code::Aborted;

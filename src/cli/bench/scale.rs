@@ -1165,6 +1165,7 @@ async fn sweep(a: &SweepArgs) -> Outcome {
                 floor: false,
                 floor_lvm: None,
                 floor_rpc: false,
+                stage_secret_files: Vec::new(),
             };
             let report = super::run(&args).await;
             t.close().await?;

@@ -12,6 +12,7 @@ impl LvmPool {
     /// have completed.
     pub(super) fn create_args(&self, req: &CreateRequest, size: u64) -> Vec<String> {
         let mut tags = self.tags("volume", req.name.as_str(), req.access_type);
+        tags.extend(encryption_tag(req.encryption));
         tags.push(TAG_CREATING.to_owned());
         lvm::lvcreate_args(&self.vg, &lv_name(&req.id.key), &tags, self.new_lv(size))
     }
@@ -39,6 +40,7 @@ impl LvmPool {
             size,
         } = *plan;
         let mut tags = self.tags("volume", req.name.as_str(), req.access_type);
+        tags.extend(encryption_tag(req.encryption));
         tags.push(format!("{TAG_SOURCE}={src_id}"));
         if size > src_size {
             tags.push(TAG_GROW.to_owned());

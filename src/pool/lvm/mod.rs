@@ -4,7 +4,8 @@
 //! `lvs` is the ground truth; the driver keeps no record of its own. Every LV it
 //! creates carries tags: `localvol` (ours), `localvol.pool=<pool>` (several pools
 //! may share a VG), `localvol.kind=volume|snapshot`, `localvol.name=<CSI name,
-//! tag-encoded>` and `localvol.access=mount|block`. A create that finds its LV
+//! tag-encoded>`, `localvol.access=mount|block` and, for volumes encrypted at
+//! rest, `localvol.encryption=luks2`. A create that finds its LV
 //! already there (a retry, or a crash mid-create) recognises it by those tags
 //! instead of making a second one.
 //!
@@ -26,12 +27,13 @@ use std::sync::{Arc, Mutex};
 use async_trait::async_trait;
 
 use super::{
-    AccessType, Capacity, CapacityRange, CreateRequest, Expanded, Health, NodeSide, Pool,
-    PoolError, Result, Snapshot, SnapshotRequest, Snapshots, Source, ThinUsage, Usage, Volume,
-    Wipes,
+    AccessType, Capacity, CapacityRange, CreateRequest, Encrypted, Expanded, Health, NodeSide,
+    Pool, PoolError, Result, Snapshot, SnapshotRequest, Snapshots, Source, ThinUsage, Usage,
+    Volume, Wipes,
 };
 use crate::blockdev::FsType;
 use crate::config::{LvmPoolConfig, DEFAULT_THIN_FULL_PERCENT, DEFAULT_VOLUME_SIZE};
+use crate::crypt;
 use crate::ids::{PoolName, VolumeId, VolumeKey};
 use crate::lvm::{self, LvInfo, LvmError, NewLv};
 
@@ -239,6 +241,10 @@ impl Pool for LvmPool {
         true
     }
 
+    fn encrypts(&self) -> bool {
+        true
+    }
+
     async fn health(&self) -> Health {
         self.health.get(HEALTH_TTL, || self.check_now()).await
     }
@@ -333,6 +339,23 @@ impl Pool for LvmPool {
                 path: self.lv_path(&lv.name),
                 kind: "volume",
             });
+        }
+        let mut lv = lv;
+        if lv.open && encryption_of(&lv).is_some() {
+            // Its mapping holds the LV open. One left open by a driver that
+            // was killed (nothing mounted, no node bound, no process) is
+            // closed; one in use stays, and so does the volume.
+            let name = crypt::mapping_name(&id.to_string());
+            let n = name.clone();
+            let mapped = crate::error::blocking(move || crypt::mapped_device(&n)).await?;
+            if mapped.is_some() {
+                crypt::close(&name).await.map_err(|e| PoolError::InUse {
+                    volume: id.to_string(),
+                    why: format!("is open as {name}: {e}; unpublish and unstage it first"),
+                })?;
+                tracing::info!(volume = %id, mapping = name, "closed a mapping left open");
+                lv = self.lookup(&id.key).await?.unwrap_or(lv);
+            }
         }
         if lv.open {
             return Err(PoolError::InUse {
@@ -464,6 +487,12 @@ impl NodeSide for LvmPool {
             .rsplit_once('.')
             .and_then(|(_, k)| VolumeKey::parse(k))
             .ok_or_else(|| PoolError::Inconsistent(format!("malformed volume id {:?}", vol.id)))?;
+        if vol.encryption.is_some() {
+            // What is mounted, bound and grown is the opened mapping.
+            return Ok(Source::Device(crypt::mapping_path(&crypt::mapping_name(
+                &vol.id,
+            ))));
+        }
         Ok(Source::Device(PathBuf::from(format!(
             "/dev/{}/{}",
             self.vg,
@@ -486,6 +515,21 @@ impl NodeSide for LvmPool {
             "/dev/{}",
             self.lv_path(&lv_name(&id.key))
         )))
+    }
+
+    fn mapping_of(&self, id: &VolumeId) -> Option<String> {
+        Some(crypt::mapping_name(&id.to_string()))
+    }
+
+    fn encrypted(&self, vol: &Volume) -> Result<Option<Encrypted>> {
+        if vol.encryption.is_none() {
+            return Ok(None);
+        }
+        let key = volume_key(vol)?;
+        Ok(Some(Encrypted {
+            backing: PathBuf::from(format!("/dev/{}", self.lv_path(&lv_name(&key)))),
+            mapping: crypt::mapping_name(&vol.id),
+        }))
     }
 
     async fn activate(&self, vol: &Volume) -> Result<()> {
@@ -559,6 +603,7 @@ impl Snapshots for LvmPool {
             .to_volume(&src)
             .map_or(AccessType::Mount, |v| v.access_type);
         let mut tags = self.tags("snapshot", req.name.as_str(), access);
+        tags.extend(encryption_tag(encryption_of(&src)));
         tags.push(format!("{TAG_SOURCE}={}", req.source));
         tags.push(format!("{TAG_SIZE}={}", src.size));
         let _alloc = self.alloc.lock().await;

@@ -73,6 +73,13 @@ pub(super) fn copy_running(proc: &Path, target: &str) -> bool {
     })
 }
 
+fn describe_encryption(e: Option<crate::pool::Encryption>) -> String {
+    match e {
+        Some(e) => format!("encrypted ({})", e.as_str()),
+        None => "not encrypted".to_owned(),
+    }
+}
+
 /// A restore or clone being made: the request, its source and the size.
 #[derive(Clone, Copy)]
 pub(super) struct Restore<'a> {
@@ -167,6 +174,19 @@ impl LvmPool {
             }
         }
         let (src_lv, src_size) = match self.source_lv(src).await {
+            Ok((lv, _)) if encryption_of(&lv) != req.encryption => {
+                // The copy is the source's bytes: ciphertext stays ciphertext,
+                // plain data stays plain. Nothing is made.
+                return Err(PoolError::UnsupportedParameter(format!(
+                    "the content source {src_id} is {}; a volume made from it must be too \
+                     (StorageClass parameter encryption{})",
+                    describe_encryption(encryption_of(&lv)),
+                    match encryption_of(&lv) {
+                        Some(e) => format!(": {}, and the same key", e.as_str()),
+                        None => " unset".to_owned(),
+                    }
+                )));
+            }
             Ok(found) => found,
             Err(
                 e @ (PoolError::SnapshotNotFound(_)

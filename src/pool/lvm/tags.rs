@@ -6,7 +6,7 @@
 use super::LvmPool;
 use crate::ids::{VolumeId, VolumeKey};
 use crate::lvm::{self, LvInfo};
-use crate::pool::{AccessType, CreateRequest, Snapshot, Volume};
+use crate::pool::{AccessType, CreateRequest, Encryption, Snapshot, Volume};
 use crate::pool::{PoolError, Result};
 
 pub(super) const TAG_OWNER: &str = "localvol";
@@ -34,9 +34,24 @@ pub(super) const TAG_RESTORING: &str = "localvol.restoring";
 /// The volume's filesystem is smaller than the LV (restored into a larger one).
 pub(super) const TAG_GROW: &str = "localvol.grow";
 
+/// Volumes and snapshots: encrypted at rest (`luks2`): the LV holds a LUKS2
+/// volume, opened at NodeStage with the stage secret's key. Restores and
+/// clones inherit it from their source (the data copied is ciphertext).
+pub(super) const TAG_ENCRYPTION: &str = "localvol.encryption";
+
 /// A volume whose `lvcreate` has not been seen to finish: it stays invisible
 /// until a (retried) create completes it (see [`LvmPool::finish_create`]).
 pub(super) const TAG_CREATING: &str = "localvol.creating";
+
+/// How an LV's data is encrypted, from its tag.
+pub(super) fn encryption_of(lv: &LvInfo) -> Option<Encryption> {
+    lv.tag_value(TAG_ENCRYPTION).and_then(Encryption::parse)
+}
+
+/// The tag that records `encryption` (none for plain volumes).
+pub(super) fn encryption_tag(encryption: Option<Encryption>) -> Option<String> {
+    encryption.map(|e| format!("{TAG_ENCRYPTION}={}", e.as_str()))
+}
 
 pub(super) fn lv_name(key: &VolumeKey) -> String {
     format!("lv-{key}")
@@ -107,6 +122,7 @@ impl LvmPool {
             inode_limit: None,
             grow_filesystem: lv.has_tag(TAG_GROW),
             inactive: !lv.is_active(),
+            encryption: encryption_of(lv),
         })
     }
 
@@ -163,6 +179,12 @@ impl LvmPool {
                     "LV {} belongs to another name that hashes to the same id",
                     self.lv_path(&lv.name)
                 ),
+            });
+        }
+        if encryption_of(lv) != req.encryption {
+            return Err(PoolError::Mismatch {
+                name: req.name.as_str().to_owned(),
+                why: "it was created with another encryption".to_owned(),
             });
         }
         if lv.tag_value(TAG_SOURCE) != Some(src_id) {

@@ -4,6 +4,7 @@
 
 use super::*;
 use crate::ids::VolumeName;
+use crate::pool::Encryption;
 
 const MI: u64 = 1 << 20;
 /// Recorded in the VM: a thin pool, a thin LV and a thin snapshot of it.
@@ -50,6 +51,7 @@ fn request(name: &str, access: AccessType) -> CreateRequest {
         access_type: access,
         inode_limit: None,
         parameters: Default::default(),
+        encryption: None,
         source: None,
     }
 }
@@ -395,4 +397,66 @@ fn an_lv_being_wiped_is_neither_a_volume_nor_a_snapshot() {
     assert!(p.to_volume(&wiping).is_none());
     assert!(p.to_snapshot(&wiping).is_none());
     assert!(!wipe::is_wiping(&lv(&lv_name, &tags)));
+}
+
+/// Encryption is recorded in a tag at create, read back into the volume
+/// (what NodeStage goes by), and decides which device the node uses: the
+/// mapping named from the id, over the LV.
+#[test]
+fn encryption_is_a_tag_and_makes_the_mapping_the_source() {
+    let p = pool("thin", Some("tp"));
+    let mut req = request("pvc-enc", AccessType::Mount);
+    req.encryption = Some(Encryption::Luks2);
+    let args = p.create_args(&req, 64 * MI);
+    assert!(
+        args.windows(2)
+            .any(|w| w == ["--addtag", "localvol.encryption=luks2"]),
+        "{args:?}"
+    );
+    let plain = p.create_args(&request("pvc-plain", AccessType::Mount), 64 * MI);
+    assert!(!plain.iter().any(|a| a.contains("encryption")), "{plain:?}");
+
+    let lv_name = format!("lv-{KEY}");
+    let tags = [
+        "localvol",
+        "localvol.pool=thin",
+        "localvol.name=pvc-enc",
+        "localvol.access=mount",
+        "localvol.encryption=luks2",
+    ];
+    let v = p.to_volume(&lv(&lv_name, &tags)).unwrap();
+    assert_eq!(v.encryption, Some(Encryption::Luks2));
+    let mapping = format!("localvol-thin.{KEY}");
+    assert_eq!(
+        p.source(&v).unwrap(),
+        Source::Device(PathBuf::from(format!("/dev/mapper/{mapping}")))
+    );
+    assert_eq!(
+        p.encrypted(&v).unwrap(),
+        Some(Encrypted {
+            backing: PathBuf::from(format!("/dev/fxvg/{lv_name}")),
+            mapping: mapping.clone(),
+        })
+    );
+    let id = VolumeId {
+        pool: PoolName::parse("thin").unwrap(),
+        key: VolumeKey::parse(KEY).unwrap(),
+    };
+    assert_eq!(p.mapping_of(&id), Some(mapping));
+    // A repeated create must ask for the same encryption.
+    let mut again = request("pvc-enc", AccessType::Mount);
+    assert!(matches!(
+        crate::pool::matches_request(v.clone(), &again, false),
+        Err(PoolError::Mismatch { .. })
+    ));
+    again.encryption = Some(Encryption::Luks2);
+    assert!(crate::pool::matches_request(v.clone(), &again, false).is_ok());
+
+    let plain = p.to_volume(&lv(&lv_name, &tags[..4])).unwrap();
+    assert_eq!(plain.encryption, None);
+    assert_eq!(p.encrypted(&plain).unwrap(), None);
+    assert_eq!(
+        p.source(&plain).unwrap(),
+        Source::Device(PathBuf::from(format!("/dev/fxvg/{lv_name}")))
+    );
 }

@@ -1,0 +1,389 @@
+//! Encryption at rest: LUKS2 on a volume's device, opened to a device-mapper
+//! mapping whose name comes from the volume id, so the node finds it again
+//! after a restart without any record of its own.
+//!
+//! Every `cryptsetup` runs through [`crate::command::Cmd`] with the key on its
+//! stdin (`--key-file -`): never in an argument, the environment, a file or a
+//! log line. [`Key`]'s `Debug` prints nothing of it.
+//!
+//! The rule that protects data holds here too: the backing device is made a
+//! LUKS2 volume only when `blkid -p` finds it blank, and the caller formats
+//! the opened mapping only when it is blank in turn.
+
+use std::fmt;
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+
+use crate::blockdev::{self, Content};
+use crate::command::{Cmd, CommandError};
+use crate::error::{IoContext, IoError};
+
+/// The NodeStageVolume secret (`csi.storage.k8s.io/node-stage-secret-*` in the
+/// StorageClass) field that holds an encrypted volume's key.
+pub const KEY_FIELD: &str = "encryptionKey";
+
+/// Longest key accepted (bytes).
+pub const MAX_KEY_BYTES: usize = 4096;
+
+/// Limit for one `cryptsetup` run (a key derivation under emulation takes
+/// seconds).
+const CRYPTSETUP_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(300);
+
+/// How a volume is encrypted (the StorageClass parameter `encryption`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Encryption {
+    Luks2,
+}
+
+impl Encryption {
+    pub fn parse(s: &str) -> Option<Self> {
+        match s {
+            "luks2" => Some(Encryption::Luks2),
+            _ => None,
+        }
+    }
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Encryption::Luks2 => "luks2",
+        }
+    }
+}
+
+/// A volume key (LUKS passphrase): the secret's bytes, exactly. Shown as
+/// `Key(<redacted>)`; overwritten with zeroes when dropped.
+pub struct Key(Vec<u8>);
+
+/// Why a secret is not a usable key.
+#[derive(Debug, thiserror::Error)]
+pub enum KeyError {
+    #[error("the key is empty")]
+    Empty,
+    #[error("the key is longer than {MAX_KEY_BYTES} bytes")]
+    TooLong,
+}
+
+impl Key {
+    pub fn new(bytes: &[u8]) -> Result<Self, KeyError> {
+        match bytes.len() {
+            0 => Err(KeyError::Empty),
+            n if n > MAX_KEY_BYTES => Err(KeyError::TooLong),
+            _ => Ok(Key(bytes.to_vec())),
+        }
+    }
+}
+
+impl fmt::Debug for Key {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("Key(<redacted>)")
+    }
+}
+
+impl Drop for Key {
+    fn drop(&mut self) {
+        self.0.iter_mut().for_each(|b| *b = 0);
+        std::hint::black_box(&self.0);
+    }
+}
+
+/// What went wrong opening or closing an encrypted volume. Messages never
+/// carry the key (cryptsetup does not print it; nothing here does).
+#[derive(Debug, thiserror::Error)]
+pub enum CryptError {
+    /// The key opens none of the device's key slots.
+    #[error("the key does not open the LUKS volume on {dev:?} (wrong {KEY_FIELD}?)")]
+    WrongKey { dev: PathBuf },
+    /// The backing device holds something that is not a LUKS volume.
+    #[error("{dev:?} holds {found}, not a LUKS volume; not encrypting or opening it")]
+    NotLuks { dev: PathBuf, found: String },
+    /// The mapping name is taken by a mapping of another device.
+    #[error("device-mapper name {name} maps device {found}, not the volume's ({want})")]
+    NameTaken {
+        name: String,
+        found: String,
+        want: String,
+    },
+    /// The mapping is still mounted (or its node bound) somewhere.
+    #[error("mapping {name} is still in use: mounted at {at:?}")]
+    InUse { name: String, at: PathBuf },
+    /// `cryptsetup close` found it open (a process or a holder device).
+    #[error("mapping {name} is still open: {why}")]
+    Busy { name: String, why: String },
+    #[error(transparent)]
+    Io(#[from] IoError),
+    #[error(transparent)]
+    Mount(#[from] crate::mount::MountError),
+    #[error(transparent)]
+    Command(#[from] CommandError),
+}
+
+type Result<T, E = CryptError> = std::result::Result<T, E>;
+
+/// The device-mapper name of a volume's opened LUKS device: from its id
+/// (`<pool>.<key>`, no `/`), unique on the node as the id is.
+pub fn mapping_name(volume_id: &str) -> String {
+    format!("localvol-{volume_id}")
+}
+
+/// Where the opened mapping `name` shows up.
+pub fn mapping_path(name: &str) -> PathBuf {
+    Path::new("/dev/mapper").join(name)
+}
+
+/// Key-slot settings of `luksFormat`: argon2id with fixed cost (64 MiB,
+/// 4 passes) instead of cryptsetup's benchmark (which takes seconds and, by
+/// default, up to 1 GiB of memory: more than a driver pod's limit). Keys
+/// from Kubernetes Secrets should be random (README), which a slow KDF does
+/// not protect further.
+const PBKDF_ARGS: [&str; 6] = [
+    "--pbkdf",
+    "argon2id",
+    "--pbkdf-memory",
+    "65536",
+    "--pbkdf-force-iterations",
+    "4",
+];
+
+/// `cryptsetup luksFormat` of `dev` (key on stdin).
+pub fn format_command(dev: &Path, key: &Key) -> Cmd {
+    Cmd::new("cryptsetup")
+        .args(["luksFormat", "--batch-mode", "--type", "luks2"])
+        .args(PBKDF_ARGS)
+        .args(["--key-file", "-"])
+        .arg(dev)
+        .secret_stdin(&key.0)
+        .timeout(CRYPTSETUP_TIMEOUT)
+}
+
+/// `cryptsetup open` of `dev` as `name` (key on stdin). `--disable-keyring`
+/// keeps the volume key in the dm-crypt table (root on the node can read it
+/// either way), so `cryptsetup resize` needs no key: NodeExpandVolume gets
+/// no secrets.
+pub fn open_command(dev: &Path, name: &str, key: &Key) -> Cmd {
+    Cmd::new("cryptsetup")
+        .args([
+            "open",
+            "--type",
+            "luks2",
+            "--disable-keyring",
+            "--key-file",
+            "-",
+        ])
+        .arg(dev)
+        .arg(name)
+        .secret_stdin(&key.0)
+        .timeout(CRYPTSETUP_TIMEOUT)
+}
+
+/// A block device's number (`major:minor`), as sysfs names it. Blocking.
+pub fn device_number(dev: &Path) -> Result<String> {
+    use std::os::unix::fs::MetadataExt;
+    let (_, md) = crate::mount::block_device(dev)?;
+    Ok(format!(
+        "{}:{}",
+        libc::major(md.rdev()),
+        libc::minor(md.rdev())
+    ))
+}
+
+/// The number (`major:minor`) of the device an open mapping is on, from
+/// sysfs (`/sys/dev/block/<mapping>/slaves/*/dev`); None when no mapping of
+/// that name exists. Device numbers, not names: `/dev/mapper` entries are
+/// symlinks under udev and device nodes without it. Blocking.
+pub fn mapped_device(name: &str) -> Result<Option<String>> {
+    let path = mapping_path(name);
+    let mapping = match device_number(&path) {
+        Ok(n) => n,
+        Err(CryptError::Mount(crate::mount::MountError::DeviceMissing { .. })) => return Ok(None),
+        Err(e) => return Err(e),
+    };
+    let slaves = PathBuf::from(format!("/sys/dev/block/{mapping}/slaves"));
+    let mut below = std::fs::read_dir(&slaves).ctx(|| format!("reading {slaves:?}"))?;
+    let Some(entry) = below.next() else {
+        return Err(other(format!("{path:?} maps no device")).into());
+    };
+    let dev = entry
+        .ctx(|| format!("reading {slaves:?}"))?
+        .path()
+        .join("dev");
+    let number = std::fs::read_to_string(&dev).ctx(|| format!("reading {dev:?}"))?;
+    Ok(Some(number.trim().to_owned()))
+}
+
+fn other(what: String) -> IoError {
+    IoError::new(what, std::io::Error::from(std::io::ErrorKind::InvalidData))
+}
+
+/// Makes sure `backing` is open as `name`, and returns the mapping's path.
+///
+/// - A mapping `name` already open on `backing` (staged before, or left by a
+///   driver that was killed) is used as it is: never opened twice.
+/// - Otherwise `backing` is probed: blank, it becomes a LUKS2 volume (the
+///   only time anything is written to it); a LUKS volume is opened with
+///   `key` ([`CryptError::WrongKey`] when it does not fit, and nothing
+///   changed); anything else is refused.
+pub async fn ensure_open(backing: &Path, name: &str, key: &Key) -> Result<PathBuf> {
+    let (b, n) = (backing.to_path_buf(), name.to_owned());
+    let (mapped, want) = crate::error::blocking(move || -> Result<_> {
+        Ok((mapped_device(&n)?, device_number(&b)?))
+    })
+    .await?;
+    match mapped {
+        Some(found) if found == want => return Ok(mapping_path(name)),
+        Some(found) => {
+            return Err(CryptError::NameTaken {
+                name: name.to_owned(),
+                found,
+                want,
+            })
+        }
+        None => {}
+    }
+    match blockdev::probe(backing).await? {
+        Content::Empty => format_command(backing, key).run().await.map(drop)?,
+        Content::Luks => {}
+        Content::Filesystem(t) => {
+            return Err(CryptError::NotLuks {
+                dev: backing.into(),
+                found: format!("a {t} filesystem"),
+            })
+        }
+        Content::Other(what) => {
+            return Err(CryptError::NotLuks {
+                dev: backing.into(),
+                found: what,
+            })
+        }
+    }
+    match open_command(backing, name, key).run().await {
+        Ok(_) => Ok(mapping_path(name)),
+        // cryptsetup's exit code 2: no key slot opens with this passphrase.
+        Err(e) if e.exit_code() == Some(2) => Err(CryptError::WrongKey {
+            dev: backing.into(),
+        }),
+        Err(e) => Err(e.into()),
+    }
+}
+
+/// Grows an open mapping to its (grown) backing device. No key needed: see
+/// [`open_command`].
+pub async fn resize(name: &str) -> Result<()> {
+    Cmd::new("cryptsetup")
+        .args(["resize", name])
+        .timeout(CRYPTSETUP_TIMEOUT)
+        .run()
+        .await?;
+    Ok(())
+}
+
+/// Closes the mapping `name` unless something still uses it; one that is not
+/// open is fine. A mount of its filesystem or a bind of its device node
+/// anywhere is [`CryptError::InUse`] (a bind does not hold the device open,
+/// so `cryptsetup close` alone would not see it).
+pub async fn close(name: &str) -> Result<()> {
+    let path = mapping_path(name);
+    let mounted = crate::error::blocking(move || -> Result<Option<PathBuf>> {
+        use std::os::unix::fs::MetadataExt;
+        let (real, md) = match crate::mount::block_device(&path) {
+            Ok(found) => found,
+            Err(crate::mount::MountError::DeviceMissing { .. }) => return Ok(None),
+            Err(e) => return Err(e.into()),
+        };
+        let table = crate::mount::MountTable::read()?;
+        let fs = crate::mount::Location {
+            dev: format!("{}:{}", libc::major(md.rdev()), libc::minor(md.rdev())),
+            root: PathBuf::from("/"),
+        };
+        let node = table.locate(&real);
+        let at = table.mounts_of(&fs).next().or_else(|| {
+            node.as_ref()
+                .and_then(|n| table.mounts_of(n).find(|m| m.root == n.root))
+        });
+        Ok(at.map(|m| m.mount_point.clone()))
+    })
+    .await?;
+    if let Some(at) = mounted {
+        return Err(CryptError::InUse {
+            name: name.to_owned(),
+            at,
+        });
+    }
+    match Cmd::new("cryptsetup")
+        .args(["close", name])
+        .timeout(CRYPTSETUP_TIMEOUT)
+        .run()
+        .await
+    {
+        Ok(_) => Ok(()),
+        // 4: no such mapping (closed already, or never opened).
+        Err(e) if e.exit_code() == Some(4) => Ok(()),
+        // 5: busy (open by a process or a holder device).
+        Err(e) if e.exit_code() == Some(5) => Err(CryptError::Busy {
+            name: name.to_owned(),
+            why: e.stderr().trim().to_owned(),
+        }),
+        Err(e) => Err(e.into()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const SECRET: &str = "correct horse battery staple";
+
+    /// Neither command line carries the key, and what the log would print of
+    /// the command does not either; the key is in neither's Debug.
+    #[test]
+    fn the_key_is_never_on_a_command_line() {
+        let key = Key::new(SECRET.as_bytes()).unwrap();
+        let dev = Path::new("/dev/vg/lv-0123");
+        for cmd in [
+            format_command(dev, &key),
+            open_command(dev, "localvol-p.0123", &key),
+        ] {
+            let argv: Vec<String> = cmd
+                .argv()
+                .map(|a| a.to_string_lossy().into_owned())
+                .collect();
+            assert!(argv.iter().all(|a| !a.contains(SECRET)), "{argv:?}");
+            assert!(
+                argv.windows(2).any(|w| w == ["--key-file", "-"]),
+                "{argv:?}"
+            );
+            let shown = format!("{cmd:?}");
+            assert!(!shown.contains(SECRET), "{shown}");
+        }
+        assert_eq!(format!("{key:?}"), "Key(<redacted>)");
+        let open: Vec<_> = open_command(dev, "n", &key).argv().cloned().collect();
+        assert!(open.iter().any(|a| a == "--disable-keyring"));
+    }
+
+    #[test]
+    fn keys_and_names() {
+        assert!(matches!(Key::new(b""), Err(KeyError::Empty)));
+        assert!(matches!(
+            Key::new(&[7; MAX_KEY_BYTES + 1]),
+            Err(KeyError::TooLong)
+        ));
+        assert!(Key::new(&[7; MAX_KEY_BYTES]).is_ok());
+        assert_eq!(
+            mapping_name("fast.0123456789abcdef0123456789abcdef"),
+            "localvol-fast.0123456789abcdef0123456789abcdef"
+        );
+        assert_eq!(
+            mapping_path("localvol-a.b"),
+            Path::new("/dev/mapper/localvol-a.b")
+        );
+        assert_eq!(Encryption::parse("luks2"), Some(Encryption::Luks2));
+        assert_eq!(Encryption::parse("LUKS2"), None);
+        assert_eq!(Encryption::parse("luks1"), None);
+        assert_eq!(Encryption::Luks2.as_str(), "luks2");
+    }
+
+    #[test]
+    fn no_mapping_of_an_unknown_name() {
+        assert!(mapped_device("localvol-no.such-mapping").unwrap().is_none());
+    }
+}
