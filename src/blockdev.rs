@@ -108,6 +108,25 @@ pub async fn format_if_blank(dev: &Path, fs: FsType) -> Result<Content, CommandE
     }
 }
 
+/// Creates a filesystem of type `fs` on `dev`, which the caller knows holds
+/// no data: at most what a cut-short format of its own left (an `mkfs`
+/// killed mid-run writes a superblock that probes as a filesystem but does
+/// not mount, or mounts half-made). Signatures found are erased first, so
+/// nothing of the old attempt can be probed afterwards. Returns what was
+/// found before.
+pub async fn format_whole(dev: &Path, fs: FsType) -> Result<Content, CommandError> {
+    let found = probe(dev).await?;
+    if found != Content::Empty {
+        Cmd::new("wipefs")
+            .args(["--all", "--force", "--quiet"])
+            .arg(dev)
+            .run()
+            .await?;
+    }
+    mkfs_command(dev, fs).run().await?;
+    Ok(found)
+}
+
 /// The mkfs invocation [`format_if_blank`] runs, without the probe (`localvol bench
 /// --floor-lvm` times exactly this, so the floor formats like the driver).
 pub fn mkfs_command(dev: &Path, fs: FsType) -> Cmd {

@@ -52,6 +52,7 @@ thick_and_thin!(
 
 const TAG_CREATING: &str = "localvol.creating";
 const TAG_RESTORING: &str = "localvol.restoring";
+const TAG_UNFORMATTED: &str = "localvol.unformatted";
 
 /// The key of a volume id (`<pool>.<key>`).
 fn key_of(id: &str) -> &str {
@@ -602,12 +603,28 @@ async fn mkfs_killed_mid_run(kind: Kind) {
                     probe.trim()
                 }
             );
-            // The retry (kubelet's) must end with a working filesystem.
+            let unformatted = |f: &Fx| {
+                let lv = f.lv(&id).expect("the volume's LV");
+                lv.tags.iter().any(|t| t == TAG_UNFORMATTED)
+            };
+            assert!(
+                unformatted(&f),
+                "{name}: the LV lost its unformatted tag although its mkfs was killed"
+            );
+            // The retry (kubelet's) must end with a working filesystem: the
+            // half-made one is replaced whole (regression: a killed
+            // mkfs.xfs left a superblock that probed as xfs, the retry took
+            // it for a finished filesystem and its mount failed with
+            // EUCLEAN, every retry after it too).
             must(
                 "retried NodeStage",
                 f.d.node()
                     .node_stage_volume(fs_stage_req(&id, &staging, fs_type))
                     .await,
+            );
+            assert!(
+                !unformatted(&f),
+                "{name}: still tagged unformatted after its filesystem was made and mounted"
             );
             use_and_delete(&f, &id, &staging, &name, fs_type).await;
             assert_holds_exactly(&f, &BTreeSet::new(), &format!("{name}: deleted")).await;

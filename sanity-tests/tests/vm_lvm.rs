@@ -140,6 +140,11 @@ impl GroundTruth for Fx {
             format!("localvol.name={name}"),
             format!("localvol.pool={}", self.pool),
         ];
+        // A new volume of mount access until its first NodeStage made the
+        // filesystem (the tag goes before the first mount).
+        if access == "mount" {
+            t.push("localvol.unformatted".to_owned());
+        }
         t.sort();
         t
     }

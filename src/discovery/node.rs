@@ -111,6 +111,7 @@ impl StaticPool {
             project_id: None,
             inode_limit: None,
             grow_filesystem: false,
+            unformatted: false,
             inactive: false,
             encryption: None,
         }

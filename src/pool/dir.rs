@@ -158,6 +158,7 @@ impl Index {
             project_id: e.project_id,
             inode_limit: e.inode_limit,
             grow_filesystem: e.grow_filesystem,
+            unformatted: false,
             inactive: false,
             // Dir pools refuse encryption at create.
             encryption: None,
@@ -702,6 +703,7 @@ impl Pool for DirPool {
             project_id,
             inode_limit: req.inode_limit,
             grow_filesystem: false,
+            unformatted: false,
             inactive: false,
             encryption: None,
         };

@@ -112,6 +112,13 @@ pub struct Volume {
     /// larger volume): the node grows it when it next stages the volume.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub grow_filesystem: bool,
+    /// The driver has not yet made this volume's filesystem (a new, empty
+    /// LVM volume of mount access): whatever the node finds on the device is
+    /// a cut-short format of its own (an `mkfs` or driver killed mid-run),
+    /// never data, so NodeStage formats it whole. Cleared, through
+    /// [`NodeSide::filesystem_made`], before the first mount.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub unformatted: bool,
     /// The device exists but is not active on this node (an LV after a boot
     /// without VG auto-activation): the node activates it before use.
     #[serde(skip)]
@@ -348,6 +355,11 @@ pub trait NodeSide: Send + Sync {
     /// Called by the node after growing the filesystem of a volume whose
     /// `grow_filesystem` was set.
     async fn filesystem_grown(&self, _vol: &Volume) -> Result<()> {
+        Ok(())
+    }
+    /// Called by the node once it has made the filesystem of a volume whose
+    /// `unformatted` was set, before it mounts it.
+    async fn filesystem_made(&self, _vol: &Volume) -> Result<()> {
         Ok(())
     }
     /// The volume's own usage figures, when the backend enforces a size.

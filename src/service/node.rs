@@ -304,12 +304,26 @@ async fn prepare_filesystem(
     dev: &std::path::Path,
     cap: &Capability,
     default: Option<FsType>,
+    unformatted: bool,
 ) -> Result<FsType> {
     let requested = match cap.fs_type.as_str() {
         "" => None,
         t => Some(FsType::parse(t)?),
     };
     let fs_if_blank = requested.or(default).unwrap_or(FsType::Ext4);
+    if unformatted {
+        // The pool says the driver never finished a filesystem here: what is
+        // on the device can only be a format of its own cut short.
+        let found = blockdev::format_whole(dev, fs_if_blank).await?;
+        if found != Content::Empty {
+            tracing::warn!(
+                device = ?dev,
+                ?found,
+                "replaced what a cut-short format left on a volume that was never formatted"
+            );
+        }
+        return Ok(fs_if_blank);
+    }
     match blockdev::format_if_blank(dev, fs_if_blank).await? {
         Content::Empty => Ok(fs_if_blank),
         Content::Filesystem(t) => {
@@ -412,7 +426,14 @@ impl csi::node_server::Node for NodeService {
                         }
                         return Ok(csi::NodeStageVolumeResponse {});
                     }
-                    let fs = prepare_filesystem(&dev, &cap, pool.default_fs_type()).await?;
+                    let fs =
+                        prepare_filesystem(&dev, &cap, pool.default_fs_type(), vol.unformatted)
+                            .await?;
+                    if vol.unformatted {
+                        // Before the mount: no data is ever written to a
+                        // volume the next stage would format whole.
+                        pool.filesystem_made(&vol).await?;
+                    }
                     let mut data = opts.data;
                     if !fs.default_mount_data().is_empty() {
                         data.push(fs.default_mount_data().to_owned());

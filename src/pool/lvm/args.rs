@@ -5,7 +5,7 @@ use super::restore::Restore;
 use super::tags::*;
 use super::LvmPool;
 use crate::lvm::{self, NewLv};
-use crate::pool::CreateRequest;
+use crate::pool::{AccessType, CreateRequest};
 
 impl LvmPool {
     /// A new, empty volume, tagged as unfinished until `lvcreate` is seen to
@@ -13,6 +13,9 @@ impl LvmPool {
     pub(super) fn create_args(&self, req: &CreateRequest, size: u64) -> Vec<String> {
         let mut tags = self.tags("volume", req.name.as_str(), req.access_type);
         tags.extend(encryption_tag(req.encryption));
+        if req.access_type == AccessType::Mount {
+            tags.push(TAG_UNFORMATTED.to_owned());
+        }
         tags.push(TAG_CREATING.to_owned());
         lvm::lvcreate_args(&self.vg, &lv_name(&req.id.key), &tags, self.new_lv(size))
     }

@@ -545,6 +545,12 @@ impl NodeSide for LvmPool {
         Ok(())
     }
 
+    async fn filesystem_made(&self, vol: &Volume) -> Result<()> {
+        let key = volume_key(vol)?;
+        lvm::delete_tag(&self.lv_path(&lv_name(&key)), TAG_UNFORMATTED).await?;
+        Ok(())
+    }
+
     async fn condition(&self, vol: &Volume) -> Result<Option<String>> {
         let Some((_, key)) = vol.id.rsplit_once('.') else {
             return Ok(None);

@@ -34,6 +34,12 @@ pub(super) const TAG_RESTORING: &str = "localvol.restoring";
 /// The volume's filesystem is smaller than the LV (restored into a larger one).
 pub(super) const TAG_GROW: &str = "localvol.grow";
 
+/// A new, empty volume of mount access whose filesystem the node has not
+/// made yet (set by `lvcreate`, removed after the first `mkfs` succeeds and
+/// before the first mount): what a cut-short `mkfs` left is never taken for
+/// a finished filesystem.
+pub(super) const TAG_UNFORMATTED: &str = "localvol.unformatted";
+
 /// Volumes and snapshots: encrypted at rest (`luks2`): the LV holds a LUKS2
 /// volume, opened at NodeStage with the stage secret's key. Restores and
 /// clones inherit it from their source (the data copied is ciphertext).
@@ -121,6 +127,7 @@ impl LvmPool {
             project_id: None,
             inode_limit: None,
             grow_filesystem: lv.has_tag(TAG_GROW),
+            unformatted: lv.has_tag(TAG_UNFORMATTED),
             inactive: !lv.is_active(),
             encryption: encryption_of(lv),
         })

@@ -460,3 +460,32 @@ fn encryption_is_a_tag_and_makes_the_mapping_the_source() {
         Source::Device(PathBuf::from(format!("/dev/fxvg/{lv_name}")))
     );
 }
+
+/// A new, empty volume of mount access is created tagged `unformatted` (the
+/// node formats it whole, whatever a cut-short mkfs left) and read back so;
+/// raw block volumes, which the driver never formats, are not.
+#[test]
+fn new_mount_volumes_are_unformatted_until_the_node_says_otherwise() {
+    let p = pool("thin", Some("tp"));
+    let args = p.create_args(&request("pvc-fs", AccessType::Mount), 64 * MI);
+    assert!(
+        args.windows(2)
+            .any(|w| w == ["--addtag", "localvol.unformatted"]),
+        "{args:?}"
+    );
+    let block = p.create_args(&request("pvc-raw", AccessType::Block), 64 * MI);
+    assert!(
+        !block.iter().any(|a| a.contains("unformatted")),
+        "{block:?}"
+    );
+    let lv_name = format!("lv-{KEY}");
+    let tags = [
+        "localvol",
+        "localvol.pool=thin",
+        "localvol.name=pvc-fs",
+        "localvol.access=mount",
+        "localvol.unformatted",
+    ];
+    assert!(p.to_volume(&lv(&lv_name, &tags)).unwrap().unformatted);
+    assert!(!p.to_volume(&lv(&lv_name, &tags[..4])).unwrap().unformatted);
+}
