@@ -30,13 +30,22 @@ pub enum CommandError {
     },
     #[error("{program} did not finish within {}s and was killed", after.as_secs())]
     Timeout { program: String, after: Duration },
-    #[error("{program} failed ({}): {}", exit_text(*code), stderr.trim())]
+    #[error("{program} failed ({}): {}", exit_text(*code), said(stderr, stdout))]
     Failed {
         program: String,
         code: Option<i32>,
         stdout: String,
         stderr: String,
     },
+}
+
+/// What a failed program said: its stderr, or its stdout when stderr is
+/// empty (some tools print their errors there).
+fn said<'a>(stderr: &'a str, stdout: &'a str) -> &'a str {
+    match stderr.trim() {
+        "" => stdout.trim(),
+        s => s,
+    }
 }
 
 fn exit_text(code: Option<i32>) -> String {

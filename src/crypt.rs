@@ -189,8 +189,10 @@ pub fn device_number(dev: &Path) -> Result<String> {
 
 /// The number (`major:minor`) of the device an open mapping is on, from
 /// sysfs (`/sys/dev/block/<mapping>/slaves/*/dev`); None when no mapping of
-/// that name exists. Device numbers, not names: `/dev/mapper` entries are
-/// symlinks under udev and device nodes without it. Blocking.
+/// that name exists, or when it maps nothing (a device a killed `cryptsetup
+/// open` left without its table: see [`ensure_open`]). Device numbers,
+/// not names: `/dev/mapper` entries are symlinks under udev and device
+/// nodes without it. Blocking.
 pub fn mapped_device(name: &str) -> Result<Option<String>> {
     let path = mapping_path(name);
     let mapping = match device_number(&path) {
@@ -201,7 +203,7 @@ pub fn mapped_device(name: &str) -> Result<Option<String>> {
     let slaves = PathBuf::from(format!("/sys/dev/block/{mapping}/slaves"));
     let mut below = std::fs::read_dir(&slaves).ctx(|| format!("reading {slaves:?}"))?;
     let Some(entry) = below.next() else {
-        return Err(other(format!("{path:?} maps no device")).into());
+        return Ok(None);
     };
     let dev = entry
         .ctx(|| format!("reading {slaves:?}"))?
@@ -209,10 +211,6 @@ pub fn mapped_device(name: &str) -> Result<Option<String>> {
         .join("dev");
     let number = std::fs::read_to_string(&dev).ctx(|| format!("reading {dev:?}"))?;
     Ok(Some(number.trim().to_owned()))
-}
-
-fn other(what: String) -> IoError {
-    IoError::new(what, std::io::Error::from(std::io::ErrorKind::InvalidData))
 }
 
 /// Makes sure `backing` is open as `name`, and returns the mapping's path.
@@ -256,7 +254,23 @@ pub async fn ensure_open(backing: &Path, name: &str, key: &Key) -> Result<PathBu
             })
         }
     }
-    match open_command(backing, name, key).run().await {
+    let mut opened = open_command(backing, name, key).run().await;
+    if opened
+        .as_ref()
+        .is_err_and(|e| e.exit_code() == Some(5) && e.stderr().contains("already exists"))
+    {
+        // Not open as far as the node can see (no `/dev/mapper` node, or no
+        // table), yet the kernel has a device of that name: what a driver
+        // killed mid `cryptsetup open` leaves. Remove it (refused while
+        // anything holds it open) and open again, once.
+        tracing::warn!(
+            mapping = name,
+            "removing a mapping a cut-short open left behind"
+        );
+        remove_half_made(name).await?;
+        opened = open_command(backing, name, key).run().await;
+    }
+    match opened {
         Ok(_) => Ok(mapping_path(name)),
         // cryptsetup's exit code 2: no key slot opens with this passphrase.
         Err(e) if e.exit_code() == Some(2) => Err(CryptError::WrongKey {
@@ -264,6 +278,18 @@ pub async fn ensure_open(backing: &Path, name: &str, key: &Key) -> Result<PathBu
         }),
         Err(e) => Err(e.into()),
     }
+}
+
+/// Removes the device-mapper device `name` that a cut-short `cryptsetup
+/// open` left (its table may be missing, so `cryptsetup close` may not know
+/// it). `dmsetup remove` refuses a device that is open (mounted or held).
+async fn remove_half_made(name: &str) -> Result<()> {
+    Cmd::new("dmsetup")
+        .args(["remove", name])
+        .timeout(CRYPTSETUP_TIMEOUT)
+        .run()
+        .await?;
+    Ok(())
 }
 
 /// Grows an open mapping to its (grown) backing device. No key needed: see

@@ -304,6 +304,11 @@ pub struct Plan {
     pub copies: bool,
     /// CreateSnapshot parameters (a thick pool's `snapshotSize`).
     pub snapshot_params: Vec<(String, String)>,
+    /// CreateVolume parameters of every volume and copy (e.g.
+    /// `encryption: luks2`).
+    pub volume_params: Vec<(String, String)>,
+    /// NodeStageVolume secrets (an encrypted volume's `encryptionKey`).
+    pub stage_secrets: Vec<(String, String)>,
 }
 
 impl Plan {
@@ -313,15 +318,27 @@ impl Plan {
             bytes,
             copies: false,
             snapshot_params: Vec::new(),
+            volume_params: Vec::new(),
+            stage_secrets: Vec::new(),
         }
     }
 }
 
-/// CreateVolume of a SINGLE_NODE_WRITER mount volume of exactly `bytes`.
-fn sized_create_req(name: &str, bytes: i64) -> csi::CreateVolumeRequest {
+/// CreateVolume of a SINGLE_NODE_WRITER mount volume of the plan's size
+/// and parameters.
+fn sized_create_req(name: &str, plan: &Plan) -> csi::CreateVolumeRequest {
     csi::CreateVolumeRequest {
-        capacity_range: Some(range(bytes, 0)),
+        capacity_range: Some(range(plan.bytes, 0)),
+        parameters: plan.volume_params.iter().cloned().collect(),
         ..create_req(name)
+    }
+}
+
+/// NodeStageVolume of `id` with the plan's secrets.
+fn plan_stage_req(plan: &Plan, id: &str, staging: &Path) -> csi::NodeStageVolumeRequest {
+    csi::NodeStageVolumeRequest {
+        secrets: plan.stage_secrets.iter().cloned().collect(),
+        ..stage_req(id, staging)
     }
 }
 
@@ -335,7 +352,7 @@ pub async fn lifecycle(
     name: &str,
     keep: bool,
 ) -> Result<Vec<Kept>, String> {
-    let req = sized_create_req(name, plan.bytes);
+    let req = sized_create_req(name, plan);
     let vol = c
         .call(&format!("CreateVolume {name}"), |mut csi| {
             let req = req.clone();
@@ -347,7 +364,7 @@ pub async fn lifecycle(
     let id = vol.volume_id;
 
     let staging = layout.staging(name);
-    let req = stage_req(&id, &staging);
+    let req = plan_stage_req(plan, &id, &staging);
     c.call(&format!("NodeStageVolume {id}"), |mut csi| {
         let req = req.clone();
         async move { csi.node.node_stage_volume(req).await }
@@ -454,7 +471,7 @@ async fn copy_of(
         volume_content_source: Some(csi::VolumeContentSource {
             r#type: Some(source),
         }),
-        ..sized_create_req(&copy_name, plan.bytes)
+        ..sized_create_req(&copy_name, plan)
     };
     let vol = c
         .call(&format!("CreateVolume {copy_name} from {id}"), |mut csi| {
@@ -691,13 +708,22 @@ pub fn progress_note(line: &str) {
     }
 }
 
-/// Re-stages and re-publishes every kept volume, checks its file against
-/// the recorded checksum, then unpublishes, unstages and deletes it.
-pub async fn verify_and_delete_kept(label: &str, d: &Driver, kept: &BTreeMap<String, Kept>) {
+/// Re-stages (with the plan's secrets) and re-publishes every kept volume,
+/// checks its file against the recorded checksum, then unpublishes, unstages
+/// and deletes it.
+pub async fn verify_and_delete_kept(
+    label: &str,
+    d: &Driver,
+    plan: &Plan,
+    kept: &BTreeMap<String, Kept>,
+) {
     for (i, (id, k)) in kept.iter().enumerate() {
         let staging = d.staging_path(&format!("verify-{i}"));
         let target = d.target_path(&format!("verify-{i}"));
-        d.stage(id, &staging).await;
+        d.node()
+            .node_stage_volume(plan_stage_req(plan, id, &staging))
+            .await
+            .unwrap_or_else(|s| panic!("{label}: NodeStageVolume {id}: {s:?}"));
         d.publish(id, &staging, &target, false).await;
         let got =
             fs::read(target.join(FILE)).unwrap_or_else(|e| panic!("{label}: {id}: its file: {e}"));

@@ -104,7 +104,8 @@ async fn dir_pool_survives_random_kills_mid_lifecycle() {
         PoolOpts::new("default").default_size("1Mi"),
     ))
     .await;
-    let out = faults::kill_campaign("fault_injection", &mut d, Plan::plain(MI), &knobs).await;
+    let plan = Plan::plain(MI);
+    let out = faults::kill_campaign("fault_injection", &mut d, plan.clone(), &knobs).await;
     let kept = out.kept;
 
     // One last kill and restart, with no call in flight: what follows reads
@@ -130,7 +131,7 @@ async fn dir_pool_survives_random_kills_mid_lifecycle() {
     assert_pool_holds(&d, &want, false, &format!("seed {seed}, after the kills"));
 
     // Every kept volume, re-staged and re-published, has its file.
-    faults::verify_and_delete_kept(&format!("seed {seed}"), &d, &kept).await;
+    faults::verify_and_delete_kept(&format!("seed {seed}"), &d, &plan, &kept).await;
     assert!(
         d.list_all().await.is_empty(),
         "seed {seed}: volumes listed after deleting all"

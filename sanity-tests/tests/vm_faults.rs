@@ -81,6 +81,9 @@ fn dm_devices(f: &Fx) -> Vec<String> {
 /// device of any other volume or snapshot; no mount below the driver's dir;
 /// ListVolumes shows exactly `kept`.
 async fn assert_holds_exactly(f: &Fx, kept: &BTreeSet<String>, when: &str) {
+    // A thick pool's deleted LVs wait as `wp-` LVs until zeroed (a restarted
+    // driver resumes them): the wipes must end, then nothing may be left.
+    f.wait_for_wipes().await;
     let listed: BTreeSet<String> =
         f.d.list_all()
             .await
@@ -226,22 +229,54 @@ impl Drop for Watchdog {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "needs device-mapper: run by make test-vm in the VM"]
 async fn thick_pool_survives_random_kills_mid_lifecycle() {
-    random_kills_mid_lifecycle(Kind::Thick).await
+    random_kills_mid_lifecycle(Kind::Thick, false).await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "needs device-mapper: run by make test-vm in the VM"]
 async fn thin_pool_survives_random_kills_mid_lifecycle() {
-    random_kills_mid_lifecycle(Kind::Thin).await
+    random_kills_mid_lifecycle(Kind::Thin, false).await
+}
+
+/// Encrypted (LUKS2) volumes on a thick pool: luksFormat, open and close
+/// cut short by the kills too, and every delete goes through a wipe.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs device-mapper: run by make test-vm in the VM"]
+async fn encrypted_thick_pool_survives_random_kills_mid_lifecycle() {
+    random_kills_mid_lifecycle(Kind::Thick, true).await
+}
+
+/// The key of the encrypted campaign's volumes (the field kubelet passes
+/// from the StorageClass's node-stage Secret).
+const LUKS_KEY: &str = "fault-injection-key-0123456789abcdef";
+
+/// No dm-crypt mapping of this pool's volumes is open (`localvol-<pool>.…`).
+fn assert_no_mapping_left(f: &Fx, when: &str) {
+    let prefix = format!("localvol-{}.", f.pool);
+    let open: Vec<String> = fs::read_dir("/sys/block")
+        .map(|d| {
+            d.flatten()
+                .filter_map(|e| fs::read_to_string(e.path().join("dm/name")).ok())
+                .map(|n| n.trim().to_owned())
+                .filter(|n| n.starts_with(&prefix))
+                .collect()
+        })
+        .unwrap_or_default();
+    assert!(open.is_empty(), "{when}: mappings left open: {open:?}");
 }
 
 /// `faults::kill_campaign` on this pool: at least 40 kills at 2 workers
-/// (FAULT_* override), kept volumes restored from a snapshot or cloned; then
+/// (20 with `encrypted` volumes, whose stages cost a key derivation each;
+/// FAULT_* override), kept volumes restored from a snapshot or cloned; then
 /// everything a crash could leak or lose is checked, every kept volume's
-/// file read back, and deleting them all leaves the VG empty of our LVs.
-async fn random_kills_mid_lifecycle(kind: Kind) {
-    let label = format!("vm_faults {kind:?}");
-    let mut knobs = Knobs::from_env(40, 2, 1200, 6);
+/// file read back, and deleting them all leaves the VG empty of our LVs
+/// (and no mapping open).
+async fn random_kills_mid_lifecycle(kind: Kind, encrypted: bool) {
+    let label = format!(
+        "vm_faults {kind:?}{}",
+        if encrypted { " encrypted" } else { "" }
+    );
+    let mut knobs = Knobs::from_env(if encrypted { 20 } else { 40 }, 2, 1200, 6);
     // A loaded TCG guest: lvm calls take seconds.
     knobs.rpc_timeout = Duration::from_secs(90);
     knobs.step_deadline = Duration::from_secs(400);
@@ -258,15 +293,27 @@ async fn random_kills_mid_lifecycle(kind: Kind) {
         env_u64_or("FAULT_WATCHDOG_SECS", 900),
         f.d.log_path(),
     );
+    // LUKS2's header takes 16 MiB of the LV.
+    let bytes = if encrypted { 4 * VOLUME } else { VOLUME };
     let plan = Plan {
-        bytes: VOLUME,
+        bytes,
         copies: true,
         snapshot_params: match kind {
-            Kind::Thick => faults::snapshot_size("8Mi"),
+            Kind::Thick => faults::snapshot_size(&format!("{}Mi", bytes / MI)),
             Kind::Thin => Vec::new(),
         },
+        volume_params: if encrypted {
+            vec![("encryption".to_owned(), "luks2".to_owned())]
+        } else {
+            Vec::new()
+        },
+        stage_secrets: if encrypted {
+            vec![("encryptionKey".to_owned(), LUKS_KEY.to_owned())]
+        } else {
+            Vec::new()
+        },
     };
-    let out = faults::kill_campaign(&label, &mut f.d, plan, &knobs).await;
+    let out = faults::kill_campaign(&label, &mut f.d, plan.clone(), &knobs).await;
 
     // One last kill with no call in flight: what follows is what a fresh
     // process finds on the node.
@@ -276,9 +323,11 @@ async fn random_kills_mid_lifecycle(kind: Kind) {
     let when = format!("{label}: seed {seed}, after the kills");
     assert_holds_exactly(&f, &kept, &when).await;
 
-    faults::verify_and_delete_kept(&format!("{label}: seed {seed}"), &f.d, &out.kept).await;
+    assert_no_mapping_left(&f, &when);
+    faults::verify_and_delete_kept(&format!("{label}: seed {seed}"), &f.d, &plan, &out.kept).await;
     let when = format!("{label}: seed {seed}, all deleted");
     assert_holds_exactly(&f, &BTreeSet::new(), &when).await;
+    assert_no_mapping_left(&f, &when);
     stop_cleanly(&mut f, &when).await;
     eprintln!(
         "{label}: seed {seed}: {} kills, {} lifecycles, {} restores/clones, {} kept volumes \
@@ -537,21 +586,46 @@ async fn lvm_killed_mid_lvcreate_and_lvremove(kind: Kind) {
         write_file(&target, "x", b"x").unwrap();
         f.d.unpublish(&vol.volume_id, &target).await;
         f.d.unstage(&vol.volume_id, &staging).await;
-        w.arm("lvm.lvremove", &format!("kill {delay}"));
+        // DeleteVolume's own lvm call: lvremove on a thin pool; on a thick
+        // one the rename to `wp-…` (the wipe's record), the lvremove coming
+        // later from the background wiper.
+        let (call, what) = match kind {
+            Kind::Thin => ("lvm.lvremove", "lvremove"),
+            Kind::Thick => ("lvm.lvrename", "lvrename"),
+        };
+        w.arm(call, &format!("kill {delay}"));
         let res = f.delete_volume(&vol.volume_id).await;
-        assert!(w.fired("lvm.lvremove"), "{name}: lvremove was not run");
-        let err = res.expect_err("DeleteVolume succeeded although its lvremove was killed");
+        assert!(w.fired(call), "{name}: {what} was not run");
+        let err = res.expect_err("DeleteVolume succeeded although its lvm call was killed");
         assert!(
             !matches!(
                 err.code(),
                 Code::Ok | Code::InvalidArgument | Code::NotFound
             ),
-            "{name}: DeleteVolume with lvremove killed after {delay}s: {err:?}"
+            "{name}: DeleteVolume with {what} killed after {delay}s: {err:?}"
         );
+        // Thick, twice: the wiper's lvremove is killed too; the wiper tries
+        // again by itself (after its retry interval).
+        let wiper_kill = kind == Kind::Thick && i < 2;
+        if wiper_kill {
+            w.arm("lvm.lvremove", &format!("kill {delay}"));
+        }
         must(
             "retried DeleteVolume",
             f.delete_volume(&vol.volume_id).await,
         );
+        if wiper_kill {
+            let deadline = Instant::now() + Duration::from_secs(120);
+            while !w.ctl().join("lvm.lvremove.taken").exists() {
+                assert!(
+                    Instant::now() < deadline,
+                    "{name}: the wiper never ran lvremove; log:\n{}",
+                    f.d.log_tail(40)
+                );
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+            assert!(w.fired("lvm.lvremove"));
+        }
         assert_holds_exactly(&f, &BTreeSet::new(), &format!("{name}: deleted")).await;
     }
     stop_cleanly(&mut f, "lvm killed").await;

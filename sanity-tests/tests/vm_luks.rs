@@ -542,6 +542,71 @@ async fn killed_between_luks_format_and_mkfs(kind: Kind) {
     fx.assert_lv_gone(&id);
 }
 
+/// Regression (found by vm_faults' encrypted kill campaign): a driver killed
+/// while `cryptsetup open` ran left a device-mapper device of the mapping's
+/// name that the driver did not recognise as open (no `/dev/mapper` node, or
+/// no table yet), and every retried NodeStage failed with "Device ... already
+/// exists". The retried stage now closes such a half-made mapping and opens
+/// it again. Both half states are made here by hand, on a thick pool.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs device-mapper: run by make test-vm in the VM"]
+async fn a_mapping_half_made_by_a_killed_open_is_replaced() {
+    let fx = Fx::new(Kind::Thick).await;
+    let v = must(
+        "create",
+        fx.create(encrypted_req("enc-half", 64 * MI, "")).await,
+    );
+    let id = v.volume_id;
+    let lv = lv_dev(&fx, &id);
+    let name = format!("localvol-{id}");
+    // First stage: luksFormat, open, mkfs; some data; then closed again.
+    let target = mount(&fx, &id, "a", "").await;
+    write_marker_file(&target);
+    fx.d.unpublish(&id, &target).await;
+    fx.d.unstage(&id, &fx.d.staging_path("a")).await;
+    assert!(!mapping(&id).exists());
+
+    // 1. A device of that name with no table (created, not yet loaded).
+    let made = Command::new("dmsetup")
+        .args(["create", &name, "--notable"])
+        .status()
+        .unwrap();
+    assert!(made.success(), "dmsetup create --notable");
+    let target = mount(&fx, &id, "b", "").await;
+    assert_marker_file(&target, "re-opened over a mapping with no table");
+    assert_eq!(holders(&lv), 1, "one mapping over the LV");
+    fx.d.unpublish(&id, &target).await;
+    fx.d.unstage(&id, &fx.d.staging_path("b")).await;
+    assert!(!mapping(&id).exists());
+
+    // 2. A complete mapping whose /dev/mapper node was never made.
+    let mut open = Command::new("cryptsetup")
+        .args(["open", "--type", "luks2", "--key-file", "-"])
+        .arg(&lv)
+        .arg(&name)
+        .stdin(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    {
+        use std::io::Write as _;
+        open.stdin
+            .take()
+            .unwrap()
+            .write_all(KEY.as_bytes())
+            .unwrap();
+    }
+    assert!(open.wait().unwrap().success(), "cryptsetup open by hand");
+    fs::remove_file(mapping(&id)).unwrap();
+    let target = mount(&fx, &id, "c", "").await;
+    assert_marker_file(&target, "re-opened over a mapping with no node");
+    assert_eq!(holders(&lv), 1, "one mapping over the LV");
+    fx.d.unpublish(&id, &target).await;
+    fx.d.unstage(&id, &fx.d.staging_path("c")).await;
+    assert!(!mapping(&id).exists());
+    must("delete", fx.delete_volume(&id).await);
+    fx.assert_lv_gone(&id);
+}
+
 // ---------------------------------------------------------------------------
 // Without device-mapper
 // ---------------------------------------------------------------------------

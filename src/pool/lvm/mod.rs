@@ -187,6 +187,25 @@ impl LvmPool {
         Ok(lvm::lv(&self.vg, &lv_name(key)).await?)
     }
 
+    /// [`LvmPool::finish_create`] for the LV an earlier, cut-short create
+    /// left; when it cannot be finished, removes it (its create never
+    /// answered, so nothing was ever written to it) and says so (false).
+    /// Found by vm_faults: a thin `lvcreate` killed between the VG metadata
+    /// commit and the thin pool's own record of the device leaves an LV that
+    /// never activates ("reload ioctl ... No data available").
+    async fn finish_or_discard(&self, lv: &LvInfo) -> Result<bool> {
+        let Err(e) = self.finish_create(lv, true).await else {
+            return Ok(true);
+        };
+        tracing::warn!(
+            lv = self.lv_path(&lv.name),
+            error = %e,
+            "an LV left by a cut-short lvcreate cannot be finished; removing it to create it again"
+        );
+        lvm::remove(&self.lv_path(&lv.name)).await?;
+        Ok(false)
+    }
+
     /// Completes a volume whose `lvcreate` may have been cut short: killed
     /// with the driver (a pod's cgroup kill, the OOM killer, a power cut)
     /// after committing the LV but before activating or wiping it. Activates
@@ -272,18 +291,18 @@ impl Pool for LvmPool {
                     ),
                 });
             }
-            if self.is_ours(&lv)
+            let cut_short = self.is_ours(&lv)
                 && lv.has_tag(TAG_CREATING)
-                && lv.tag_value(TAG_NAME) == Some(encoded_name.as_str())
-            {
-                // An earlier create of this volume was cut short: finish it.
-                self.finish_create(&lv, true).await?;
+                && lv.tag_value(TAG_NAME) == Some(encoded_name.as_str());
+            // An earlier create of this volume was cut short: finish it, or
+            // (when it cannot be finished) make it again below.
+            if !cut_short || self.finish_or_discard(&lv).await? {
                 lv.tags.retain(|t| t != TAG_CREATING);
+                return match self.to_volume(&lv) {
+                    Some(v) => super::matches_request(v, req, false),
+                    None => Err(self.not_ours(&lv.name)),
+                };
             }
-            return match self.to_volume(&lv) {
-                Some(v) => super::matches_request(v, req, false),
-                None => Err(self.not_ours(&lv.name)),
-            };
         }
         let _alloc = self.alloc.lock().await;
         // One vgs for both the extent size and the room (each lvm run costs
@@ -332,6 +351,15 @@ impl Pool for LvmPool {
             None => self.lookup(&id.key).await?,
         };
         let Some(lv) = found else {
+            // Deleted already. A thick delete whose rename committed while
+            // its caller saw an error (a killed `lvrename`) left a `wp-` LV
+            // no wake announced: wake the wiper for it.
+            if let (Some(wiper), Some(all)) = (&self.wiper, &all) {
+                let prefix = format!("wp-{}-", id.key);
+                if all.iter().any(|l| l.name.starts_with(&prefix)) {
+                    wiper.wake();
+                }
+            }
             return Ok(());
         };
         if !self.is_ours(&lv) {
