@@ -110,6 +110,12 @@ pub enum CryptError {
     /// `cryptsetup close` found it open (a process or a holder device).
     #[error("mapping {name} is still open: {why}")]
     Busy { name: String, why: String },
+    /// `cryptsetup luksFormat` or `open` found the volume's device busy
+    /// (exit code 5): another process has it open exclusively, e.g. a
+    /// `cryptsetup` still running for a driver that was killed. Transient:
+    /// the caller tries again.
+    #[error("{dev:?} is busy (another process holds it); try again: {why}")]
+    DeviceBusy { dev: PathBuf, why: String },
     #[error(transparent)]
     Io(#[from] IoError),
     #[error(transparent)]
@@ -239,7 +245,16 @@ pub async fn ensure_open(backing: &Path, name: &str, key: &Key) -> Result<PathBu
         None => {}
     }
     match blockdev::probe(backing).await? {
-        Content::Empty => format_command(backing, key).run().await.map(drop)?,
+        Content::Empty => match format_command(backing, key).run().await {
+            Ok(_) => {}
+            Err(e) if e.exit_code() == Some(5) => {
+                return Err(CryptError::DeviceBusy {
+                    dev: backing.into(),
+                    why: e.to_string(),
+                })
+            }
+            Err(e) => return Err(e.into()),
+        },
         Content::Luks => {}
         Content::Filesystem(t) => {
             return Err(CryptError::NotLuks {
@@ -275,6 +290,10 @@ pub async fn ensure_open(backing: &Path, name: &str, key: &Key) -> Result<PathBu
         // cryptsetup's exit code 2: no key slot opens with this passphrase.
         Err(e) if e.exit_code() == Some(2) => Err(CryptError::WrongKey {
             dev: backing.into(),
+        }),
+        Err(e) if e.exit_code() == Some(5) => Err(CryptError::DeviceBusy {
+            dev: backing.into(),
+            why: e.to_string(),
         }),
         Err(e) => Err(e.into()),
     }

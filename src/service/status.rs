@@ -196,6 +196,8 @@ pub fn crypt_code(e: &CryptError) -> Code {
         | CryptError::NameTaken { .. }
         | CryptError::InUse { .. }
         | CryptError::Busy { .. } => Code::FailedPrecondition,
+        // Another operation on the device is still running.
+        CryptError::DeviceBusy { .. } => Code::Aborted,
         CryptError::Io(e) => io_code(e),
         CryptError::Mount(e) => mount_code(e),
         CryptError::Command(e) => command_code(e),
