@@ -166,7 +166,7 @@ impl Driver {
             let found = match pool.get(&id).await {
                 // A pool that did not start (its disk refused) holds no
                 // inline volume: ask the others.
-                Err(PoolError::Unavailable { .. }) => continue,
+                Err(PoolError::NotStarted { .. }) => continue,
                 other => other?,
             };
             if let Some(v) = found {

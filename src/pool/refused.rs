@@ -32,7 +32,7 @@ impl RefusedPool {
     }
 
     fn err(&self) -> PoolError {
-        PoolError::Unavailable {
+        PoolError::NotStarted {
             pool: self.name.to_string(),
             why: self.why.to_string(),
         }
