@@ -489,6 +489,33 @@ impl Config {
                 }
             }
         }
+        // A disk named by two pools would be taken by the first and refuse
+        // the second; LVM pools sharing a VG may list the same disks.
+        let mut owners: std::collections::BTreeMap<&str, (&PoolName, Option<&str>)> =
+            std::collections::BTreeMap::new();
+        for p in &self.pools {
+            let (listed, vg): (Vec<&str>, Option<&str>) = match p {
+                PoolConfig::Lvm(l) => (
+                    l.devices.iter().map(String::as_str).collect(),
+                    Some(l.volume_group.as_str()),
+                ),
+                PoolConfig::Dir(d) => (d.device.iter().filter_map(|d| d.to_str()).collect(), None),
+            };
+            for dev in listed {
+                match owners.get(dev) {
+                    Some((other, other_vg)) if vg.is_none() || *other_vg != vg => {
+                        return Err(ConfigError::Invalid(format!(
+                            "pool {}: device {dev:?} is also pool {other}'s",
+                            p.name()
+                        )))
+                    }
+                    Some(_) => {}
+                    None => {
+                        owners.insert(dev, (p.name(), vg));
+                    }
+                }
+            }
+        }
         if let Some(def) = &self.default_pool {
             if !names.contains(def) {
                 return Err(ConfigError::Invalid(format!(
@@ -567,6 +594,7 @@ mod tests {
             "pools:\n\
              - {name: fast, type: lvm, volumeGroup: localvol-fast, devices: [/dev/disk/by-id/nvme-a, '/dev/disk/by-path/pci-*'], thinPool: {name: tp, size: 90%}}\n\
              - {name: thick, type: lvm, volumeGroup: vg1, devices: [/dev/sdc]}\n\
+             - {name: thin1, type: lvm, volumeGroup: vg1, devices: [/dev/sdc], thinPool: {name: tp, size: 50%}}\n\
              - {name: bytes, type: lvm, volumeGroup: vg2, devices: [/dev/sdd], thinPool: {name: tp, size: 10Gi}}\n\
              - {name: named, type: lvm, volumeGroup: vg3, thinPool: {name: tp}}\n\
              - {name: scratch, type: dir, path: /var/lib/localvol/scratch, device: /dev/disk/by-id/ata-b, quota: required}\n",
@@ -589,11 +617,15 @@ mod tests {
         assert_eq!(lvm(1).thin_pool, None);
         assert_eq!(
             lvm(2).thin_pool.unwrap().size(),
+            Some(ThinSize::PercentOfVg(50))
+        );
+        assert_eq!(
+            lvm(3).thin_pool.unwrap().size(),
             Some(ThinSize::Bytes(10 << 30))
         );
-        assert_eq!(lvm(3).thin_pool_name(), Some("tp"));
-        assert_eq!(lvm(3).thin_pool.unwrap().size(), None);
-        let PoolConfig::Dir(d) = &cfg.pools[4] else {
+        assert_eq!(lvm(4).thin_pool_name(), Some("tp"));
+        assert_eq!(lvm(4).thin_pool.unwrap().size(), None);
+        let PoolConfig::Dir(d) = &cfg.pools[5] else {
             panic!()
         };
         assert_eq!(
@@ -685,6 +717,14 @@ mod tests {
             (
                 "pools: [{name: a, type: dir, path: /a, device: disk}]",
                 "below /dev",
+            ),
+            (
+                "pools: [{name: a, type: dir, path: /a, device: /dev/sdb}, {name: b, type: lvm, volumeGroup: v, devices: [/dev/sdb]}]",
+                "also pool a's",
+            ),
+            (
+                "pools: [{name: a, type: lvm, volumeGroup: v, devices: [/dev/sdb]}, {name: b, type: lvm, volumeGroup: w, devices: [/dev/sdb]}]",
+                "also pool a's",
             ),
         ] {
             let err = Config::from_yaml(yaml).unwrap_err().to_string();
