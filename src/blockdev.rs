@@ -82,16 +82,44 @@ pub fn parse_blkid_export(out: &str) -> Content {
 
 /// Probes a device's content. blkid exits 2 when it finds nothing.
 pub async fn probe(dev: &Path) -> Result<Content, CommandError> {
+    Ok(probe_labelled(dev).await?.0)
+}
+
+/// Like [`probe`], with the filesystem's label (`LABEL=`), if it has one.
+pub async fn probe_labelled(dev: &Path) -> Result<(Content, Option<String>), CommandError> {
     let res = Cmd::new("blkid")
         .args(["-p", "-o", "export"])
         .arg(dev)
         .run()
         .await;
     match res {
-        Ok(out) => Ok(parse_blkid_export(&out.stdout)),
-        Err(CommandError::Failed { code: Some(2), .. }) => Ok(Content::Empty),
+        Ok(out) => Ok((parse_blkid_export(&out.stdout), blkid_label(&out.stdout))),
+        Err(CommandError::Failed { code: Some(2), .. }) => Ok((Content::Empty, None)),
         Err(e) => Err(e),
     }
+}
+
+/// `LABEL=` of `blkid -p -o export` output.
+pub fn blkid_label(out: &str) -> Option<String> {
+    out.lines()
+        .find_map(|l| l.strip_prefix("LABEL="))
+        .map(str::to_owned)
+}
+
+/// The label of the XFS filesystem the driver makes on a dir pool's disk
+/// (`device:`): what tells it, at the next start, that the filesystem there
+/// is its own and may be mounted.
+/// (XFS labels hold at most 12 bytes.)
+pub const POOL_FS_LABEL: &str = "localvol-dir";
+
+/// `mkfs.xfs` of a dir pool's blank disk, labelled [`POOL_FS_LABEL`]. The
+/// caller probed the disk blank first; mkfs.xfs itself refuses a device
+/// with a signature (no `-f`).
+pub fn mkfs_pool_command(dev: &Path) -> Cmd {
+    Cmd::new("mkfs.xfs")
+        .args(["-q", "-L", POOL_FS_LABEL])
+        .arg(dev)
+        .timeout(std::time::Duration::from_secs(600))
 }
 
 /// Creates a filesystem of type `fs` on `dev` if, and only if, probing finds
@@ -279,6 +307,11 @@ pub(crate) mod tests {
             parse_blkid_export("DEVNAME=/dev/loop0\nPTUUID=a\nPTTYPE=gpt\n"),
             Content::Other("partition table gpt".into())
         );
+        assert_eq!(
+            blkid_label("DEVNAME=/dev/loop0\nLABEL=localvol-dir\nUUID=1\nTYPE=xfs\n").as_deref(),
+            Some("localvol-dir")
+        );
+        assert_eq!(blkid_label("DEVNAME=/dev/loop0\nTYPE=xfs\n"), None);
     }
 
     /// A loop device over a sparse file, detached on drop (needs root).

@@ -163,7 +163,13 @@ impl Driver {
         let name = VolumeName::parse(raw)?;
         for pool in self.pools.iter().filter(|p| p.backend() == "dir") {
             let id = VolumeId::new(pool.name().clone(), &name);
-            if let Some(v) = pool.get(&id).await? {
+            let found = match pool.get(&id).await {
+                // A pool that did not start (its disk refused) holds no
+                // inline volume: ask the others.
+                Err(PoolError::NotStarted { .. }) => continue,
+                other => other?,
+            };
+            if let Some(v) = found {
                 if v.ephemeral_target().is_some() && v.name == raw {
                     return Ok(Some((id, pool.clone(), v)));
                 }

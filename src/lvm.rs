@@ -142,6 +142,17 @@ struct VgSection {
     vg: Vec<RawVg>,
 }
 #[derive(Deserialize)]
+struct PvSection {
+    #[serde(default)]
+    pv: Vec<RawPv>,
+}
+#[derive(Deserialize)]
+struct RawPv {
+    pv_name: String,
+    #[serde(default)]
+    vg_name: String,
+}
+#[derive(Deserialize)]
 struct RawLv {
     lv_name: String,
     vg_name: String,
@@ -278,6 +289,29 @@ pub fn parse_vgs(json: &str) -> Result<Vec<VgInfo>, LvmError> {
         .collect()
 }
 
+/// A physical volume as `pvs` reports it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PvInfo {
+    /// The device as lvm names it (`/dev/sdb`, `/dev/loop3`).
+    pub name: String,
+    /// Its volume group; empty for a PV in no VG.
+    pub vg: String,
+}
+
+/// Parses `pvs --reportformat json` output.
+pub fn parse_pvs(json: &str) -> Result<Vec<PvInfo>, LvmError> {
+    let r: Report<PvSection> =
+        serde_json::from_str(json).map_err(|e| LvmError::Parse(format!("pvs JSON: {e}")))?;
+    Ok(r.report
+        .into_iter()
+        .flat_map(|s| s.pv)
+        .map(|p| PvInfo {
+            name: p.pv_name,
+            vg: p.vg_name,
+        })
+        .collect())
+}
+
 /// Characters LVM accepts in a tag (`lvm(8)`: `A-Z a-z 0-9 _ + . - / = ! : # &`).
 pub fn is_tag_char(c: char) -> bool {
     c.is_ascii_alphanumeric() || "_+.-/=!:#&".contains(c)
@@ -368,6 +402,59 @@ pub async fn vg(vg: &str) -> Result<VgInfo, LvmError> {
         .into_iter()
         .next()
         .ok_or_else(|| LvmError::NotFound(format!("volume group {vg}")))
+}
+
+/// Whether a volume group exists (`vgs` of it answers; "not found" is no).
+pub async fn vg_exists(name: &str) -> Result<bool, LvmError> {
+    match vg(name).await {
+        Ok(_) => Ok(true),
+        Err(LvmError::NotFound(_)) => Ok(false),
+        Err(e) => Err(e),
+    }
+}
+
+/// Every physical volume lvm sees on the node, in a VG or not.
+pub async fn pvs() -> Result<Vec<PvInfo>, LvmError> {
+    parse_pvs(&run(report_args("pvs", "pv_name,vg_name")).await?)
+}
+
+/// Creates volume group `vg` on blank `devices` (lvm makes them PVs).
+/// Never `--yes`: should a signature have appeared on one since the caller
+/// probed it, lvm's question goes unanswered and it refuses instead of
+/// wiping it.
+pub async fn vgcreate(vg: &str, devices: &[std::path::PathBuf]) -> Result<(), LvmError> {
+    let mut a = vec!["vgcreate".to_owned(), vg.to_owned()];
+    a.extend(devices.iter().map(|d| d.to_string_lossy().into_owned()));
+    change(a).await
+}
+
+/// Adds blank `devices` to volume group `vg` (as [`vgcreate`]: no `--yes`).
+pub async fn vgextend(vg: &str, devices: &[std::path::PathBuf]) -> Result<(), LvmError> {
+    let mut a = vec!["vgextend".to_owned(), vg.to_owned()];
+    a.extend(devices.iter().map(|d| d.to_string_lossy().into_owned()));
+    change(a).await
+}
+
+/// How big a new thin pool is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ThinPoolSize {
+    /// This percentage of the VG (`--extents N%VG`).
+    PercentOfVg(u8),
+    Bytes(u64),
+}
+
+/// `lvcreate` arguments of a thin pool that zeroes the blocks it provisions
+/// (`--zero y`, which the pools' health check requires).
+pub fn thin_pool_args(vg: &str, name: &str, size: ThinPoolSize) -> Vec<String> {
+    let mut a: Vec<String> = ["lvcreate", "--yes", "--type", "thin-pool", "--zero", "y"]
+        .map(String::from)
+        .to_vec();
+    match size {
+        ThinPoolSize::PercentOfVg(p) => a.extend(["--extents".into(), format!("{p}%VG")]),
+        ThinPoolSize::Bytes(b) => a.extend(["--size".into(), format!("{b}b")]),
+    }
+    a.extend(["--name".into(), name.into(), vg.into()]);
+    a
 }
 
 /// All logical volumes of a volume group.
@@ -690,6 +777,48 @@ mod tests {
         assert_eq!(pool.metadata_percent, Some(11.23));
         assert!(pool.tags.is_empty() && pool.path.is_empty());
         assert!(pool.is_active() && pool.open);
+    }
+
+    #[test]
+    fn parses_pvs_and_builds_thin_pool_args() {
+        let pvs = parse_pvs(
+            r#"{"report":[{"pv":[{"pv_name":"/dev/loop0","vg_name":"fast"},{"pv_name":"/dev/loop1","vg_name":""}]}]}"#,
+        )
+        .unwrap();
+        assert_eq!(
+            pvs,
+            [
+                PvInfo {
+                    name: "/dev/loop0".into(),
+                    vg: "fast".into()
+                },
+                PvInfo {
+                    name: "/dev/loop1".into(),
+                    vg: String::new()
+                }
+            ]
+        );
+        assert!(parse_pvs("{}").is_err());
+        assert_eq!(
+            thin_pool_args("fast", "tp", ThinPoolSize::PercentOfVg(90)),
+            [
+                "lvcreate",
+                "--yes",
+                "--type",
+                "thin-pool",
+                "--zero",
+                "y",
+                "--extents",
+                "90%VG",
+                "--name",
+                "tp",
+                "fast"
+            ]
+        );
+        assert_eq!(
+            thin_pool_args("v", "t", ThinPoolSize::Bytes(1 << 30))[6..8],
+            ["--size", "1073741824b"]
+        );
     }
 
     #[test]

@@ -124,6 +124,11 @@ impl MountTable {
         Ok(MountTable { entries })
     }
 
+    /// Every mount, in mountinfo order.
+    pub fn entries(&self) -> impl Iterator<Item = &MountEntry> + '_ {
+        self.entries.iter()
+    }
+
     /// The mount visible at exactly `path` (the top one when mounts are stacked).
     pub fn at(&self, path: &Path) -> Option<&MountEntry> {
         self.entries.iter().rev().find(|e| e.mount_point == path)

@@ -542,6 +542,20 @@ def check_driver_config(render, cfg, fields, pod, localvol):
                         and v["hostPath"]["path"].rstrip("/") == m["mountPath"].rstrip("/")]
                 if not host:
                     problems.append(f"pool {n}: {path} is not below a hostPath mounted at the same path")
+            dev = p.get("device")
+            if dev is not None:
+                if not (isinstance(dev, str) and dev.startswith("/dev/")) or any(c in dev for c in "*?["):
+                    problems.append(f"pool {n}: device {dev!r} must be one path below /dev")
+                elif localvol:
+                    # The driver mounts the disk at path: that mount must reach
+                    # the host (and outlive the container), and /dev be the host's.
+                    own = [m for m, v in mounts if m["mountPath"].rstrip("/") == str(path).rstrip("/")
+                           and v and "hostPath" in v]
+                    if not own or own[0].get("mountPropagation") != "Bidirectional":
+                        problems.append(f"pool {n}: a pool with a device needs its path as a "
+                                        "hostPath mounted with mountPropagation: Bidirectional")
+                    if not any(m["mountPath"] == "/dev" for m, v in mounts):
+                        problems.append(f"pool {n}: a pool with a device needs the host's /dev")
             q = p.get("quota", "auto")
             if q not in ("required", "auto", "off"):
                 problems.append(f"pool {n}: quota {q!r} is not required, auto or off")
@@ -554,8 +568,22 @@ def check_driver_config(render, cfg, fields, pod, localvol):
             if not isinstance(vg, str) or not LVM_NAME.match(vg):
                 problems.append(f"pool {n}: volumeGroup {vg!r} is not an LVM name")
             thin = p.get("thinPool")
-            if thin is not None and not (isinstance(thin, str) and LVM_NAME.match(thin)):
+            # thinPool: a name, or {name, size} (size only with devices).
+            if isinstance(thin, dict):
+                extra_thin = set(thin) - {"name", "size"}
+                if extra_thin:
+                    problems.append(f"pool {n}: thinPool has unknown keys {sorted(extra_thin)}")
+                if "size" in thin and not p.get("devices"):
+                    problems.append(f"pool {n}: thinPool size needs devices")
+                thin_name = thin.get("name")
+            else:
+                thin_name = thin
+            if thin is not None and not (isinstance(thin_name, str) and LVM_NAME.match(thin_name)):
                 problems.append(f"pool {n}: thinPool {thin!r} is not an LVM name")
+            devices = p.get("devices", [])
+            if not isinstance(devices, list) or not all(
+                    isinstance(d, str) and d.startswith("/dev/") for d in devices):
+                problems.append(f"pool {n}: devices must be a list of paths below /dev")
             if thin is None and "overprovisionRatio" in p:
                 problems.append(f"pool {n}: overprovisionRatio needs a thinPool")
             if thin is not None and p.get("lvcreateOptions"):

@@ -634,6 +634,57 @@ impl Driver {
         res
     }
 
+    /// Starts the binary (again) like [`Driver::start_again`], but waits only
+    /// until Probe answers at all: `Ok` when it is ready, the Probe's error
+    /// when the driver serves but is not healthy (a pool that cannot serve).
+    /// Either way the driver keeps running. Panics with the log tail when it
+    /// exits or never answers.
+    pub async fn start_answering(&mut self) -> Result<(), Status> {
+        assert!(self.child.is_none(), "driver is still running");
+        self.write_config();
+        self.spawn(&localvol_bin());
+        let deadline = Instant::now() + READY_TIMEOUT;
+        loop {
+            if let Some(child) = self.child.as_mut() {
+                if let Ok(Some(status)) = child.try_wait() {
+                    self.child = None;
+                    panic!(
+                        "localvol serve exited during start-up ({status}); log:\n{}",
+                        self.log_tail(60)
+                    );
+                }
+            }
+            assert!(
+                Instant::now() < deadline,
+                "localvol serve did not answer Probe within {READY_TIMEOUT:?}; log:\n{}",
+                self.log_tail(60)
+            );
+            if self.socket_path().exists() {
+                if let Ok(Ok(mut csi)) =
+                    tokio::time::timeout(Duration::from_secs(2), Csi::connect(&self.endpoint)).await
+                {
+                    let probe = tokio::time::timeout(
+                        Duration::from_secs(5),
+                        csi.identity.probe(csi::ProbeRequest {}),
+                    )
+                    .await;
+                    match probe {
+                        Ok(Ok(r)) if r.get_ref().ready == Some(true) => {
+                            self.csi = Some(csi);
+                            return Ok(());
+                        }
+                        Ok(Err(s)) if s.code() != tonic::Code::Unavailable => {
+                            self.csi = Some(csi);
+                            return Err(s);
+                        }
+                        _ => {}
+                    }
+                }
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
     /// [`Driver::try_start_again`] up to three times, panicking with the last
     /// error. For LVM pools readiness runs lvm, and the harness gives each
     /// Probe 2 s, which a loaded VM (TCG) can miss.

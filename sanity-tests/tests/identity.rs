@@ -270,3 +270,45 @@ async fn socket_permissions() {
     let err = d.try_start_again().await.unwrap_err();
     assert!(err.contains("does not exist"), "{err}");
 }
+
+/// A pool whose `device:` cannot be taken (here not a block device at all)
+/// does not start: Probe names it and why, calls on it are UNAVAILABLE, and
+/// the other pool keeps serving (CreateVolume's name check across pools
+/// included). The refused pool's directory stays empty: nothing was mounted.
+#[tokio::test]
+async fn a_pool_whose_disk_is_refused_fails_probe_while_the_others_serve() {
+    let mut d = Driver::new(DriverOpts::default());
+    let path = d.dir().join("on-disk");
+    d.opts_mut().extra_config = format!(
+        "  - name: on-disk\n    type: dir\n    path: {}\n    device: /dev/null\n",
+        path.display()
+    );
+    let refused = d
+        .start_answering()
+        .await
+        .expect_err("a pool on /dev/null must not be ready");
+    assert_eq!(refused.code(), Code::FailedPrecondition, "{refused:?}");
+    assert!(
+        refused.message().contains("pool on-disk")
+            && refused
+                .message()
+                .contains("\"/dev/null\" is not a block device"),
+        "{refused:?}"
+    );
+    let mut req = create_req("beside-a-refused-pool");
+    req.parameters = params(&[("pool", "default")]);
+    must(
+        "create on the serving pool",
+        d.controller().create_volume(req).await,
+    );
+    let mut req = create_req("on-the-refused-pool");
+    req.parameters = params(&[("pool", "on-disk")]);
+    let s = must_fail(
+        "create on the refused pool",
+        d.controller().create_volume(req).await,
+        Code::Unavailable,
+    );
+    assert!(s.message().contains("not a block device"), "{s:?}");
+    assert_eq!(fs::read_dir(&path).unwrap().count(), 0);
+    assert!(mount_at(&path).is_none());
+}

@@ -113,9 +113,18 @@ impl PoolConfig {
 pub struct LvmPoolConfig {
     pub name: PoolName,
     pub volume_group: String,
-    /// Thin pool LV in the volume group; thick LVs when unset.
+    /// Thin pool LV in the volume group; thick LVs when unset. Either its
+    /// name (`thinPool: tp`) or `{name, size}`, which also has the driver
+    /// create it when absent (pools with `devices`).
     #[serde(default)]
-    pub thin_pool: Option<String>,
+    pub thin_pool: Option<ThinPoolConfig>,
+    /// Disks the pool is made of (absolute paths or globs such as
+    /// `/dev/disk/by-id/nvme-*`): at start the driver creates the volume
+    /// group on them when absent and adds listed disks that are new, but only
+    /// blank ones that nothing uses (`src/pool/disks.rs`). Empty: the volume
+    /// group must exist already.
+    #[serde(default)]
+    pub devices: Vec<String>,
     /// Thin pools: virtual size offered per byte of pool (default 1.0).
     #[serde(default)]
     pub overprovision_ratio: Option<f64>,
@@ -142,6 +151,70 @@ pub struct LvmPoolConfig {
     /// deleted volumes zeroes (unset: as fast as the device goes).
     #[serde(default)]
     pub wipe_rate_limit: Option<ByteSize>,
+}
+
+/// `thinPool:` of an LVM pool: a name, or a name and the size the driver
+/// creates it with when it is absent.
+#[derive(Clone, Debug, PartialEq, Deserialize)]
+#[serde(untagged)]
+pub enum ThinPoolConfig {
+    Name(String),
+    Spec(ThinPoolSpec),
+}
+
+/// The map form of `thinPool:`.
+#[derive(Clone, Debug, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ThinPoolSpec {
+    pub name: String,
+    /// Created with this size when absent (pools with `devices`): a
+    /// [`ThinSize`], checked when the config loads.
+    #[serde(default)]
+    pub size: Option<String>,
+}
+
+impl ThinPoolConfig {
+    pub fn name(&self) -> &str {
+        match self {
+            ThinPoolConfig::Name(n) => n,
+            ThinPoolConfig::Spec(s) => &s.name,
+        }
+    }
+    /// The size to create it with when absent (None: never created).
+    pub fn size(&self) -> Option<ThinSize> {
+        match self {
+            ThinPoolConfig::Name(_) => None,
+            ThinPoolConfig::Spec(s) => s.size.as_deref().and_then(|t| ThinSize::parse(t).ok()),
+        }
+    }
+}
+
+/// How big a thin pool the driver creates is: a share of the volume group
+/// (`90%`) or a byte size (`100Gi`).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum ThinSize {
+    /// Percent of the VG's size, above 0 and at most 100.
+    PercentOfVg(u8),
+    Bytes(u64),
+}
+
+impl ThinSize {
+    pub fn parse(s: &str) -> std::result::Result<Self, String> {
+        let t = s.trim();
+        if let Some(p) = t.strip_suffix('%') {
+            return match p.trim().parse::<u8>() {
+                Ok(n) if (1..=100).contains(&n) => Ok(ThinSize::PercentOfVg(n)),
+                _ => Err(format!(
+                    "thinPool size {s:?}: a percentage must be a whole number from 1 to 100"
+                )),
+            };
+        }
+        match crate::size::parse_size(t) {
+            Ok(0) => Err(format!("thinPool size {s:?} must not be zero")),
+            Ok(b) => Ok(ThinSize::Bytes(b)),
+            Err(e) => Err(e),
+        }
+    }
 }
 
 /// A thin pool this full (Data% or Metadata%) makes its volumes' condition
@@ -195,8 +268,20 @@ impl LvmPoolConfig {
             ));
         }
         if let Some(t) = &self.thin_pool {
-            if !is_lvm_name(t) {
-                return bad(format!("thinPool {t:?} is not a valid LVM name"));
+            if !is_lvm_name(t.name()) {
+                return bad(format!("thinPool {:?} is not a valid LVM name", t.name()));
+            }
+            if let ThinPoolConfig::Spec(ThinPoolSpec { size: Some(sz), .. }) = t {
+                if let Err(why) = ThinSize::parse(sz) {
+                    return bad(why);
+                }
+            }
+            if t.size().is_some() && self.devices.is_empty() {
+                return bad(
+                    "thinPool size needs devices: the driver creates the thin pool only in a \
+                     volume group it manages"
+                        .into(),
+                );
             }
         } else if self.overprovision_ratio.is_some() {
             return bad("overprovisionRatio needs a thinPool".into());
@@ -255,8 +340,37 @@ impl LvmPoolConfig {
                 self.default_fs_type
             ));
         }
+        for d in &self.devices {
+            if let Err(why) = check_device_pattern(d) {
+                return bad(why);
+            }
+        }
         Ok(())
     }
+
+    /// The thin pool's LV name (None: a thick pool).
+    pub fn thin_pool_name(&self) -> Option<&str> {
+        self.thin_pool.as_ref().map(ThinPoolConfig::name)
+    }
+}
+
+/// A `devices:` entry (LVM pools) or `device:` (dir pools): an absolute path
+/// below `/dev`, possibly a glob, with no `..` and no control characters.
+fn check_device_pattern(d: &str) -> std::result::Result<(), String> {
+    let p = Path::new(d);
+    if !p.is_absolute() || !p.starts_with("/dev") {
+        return Err(format!("device {d:?} must be an absolute path below /dev"));
+    }
+    if p.components()
+        .any(|c| matches!(c, std::path::Component::ParentDir))
+    {
+        return Err(format!("device {d:?} must not contain .."));
+    }
+    if d.chars().any(|c| c.is_control()) {
+        return Err(format!("device {d:?} contains control characters"));
+    }
+    glob::Pattern::new(d).map_err(|e| format!("device pattern {d:?}: {e}"))?;
+    Ok(())
 }
 
 #[derive(Clone, Debug, Deserialize)]
@@ -277,6 +391,10 @@ pub struct DirPoolConfig {
     /// Size enforcement with project quotas.
     #[serde(default)]
     pub quota: QuotaMode,
+    /// A disk for the pool (a path below /dev, no glob): formatted XFS when
+    /// blank and mounted at `path` with `prjquota` (`src/pool/disks.rs`).
+    #[serde(default)]
+    pub device: Option<PathBuf>,
 }
 
 /// Whether a dir pool enforces volume sizes with project quotas.
@@ -321,6 +439,7 @@ impl Config {
                 capacity: None,
                 default_size: None,
                 quota: QuotaMode::Auto,
+                device: None,
             })],
             discovery: None,
             orphans: None,
@@ -349,11 +468,50 @@ impl Config {
                             d.name, d.path
                         )));
                     }
+                    if let Some(dev) = &d.device {
+                        let text = dev.to_str().unwrap_or("");
+                        check_device_pattern(text).map_err(|why| {
+                            ConfigError::Invalid(format!("pool {}: {why}", d.name))
+                        })?;
+                        if text.contains(['*', '?', '[']) {
+                            return Err(ConfigError::Invalid(format!(
+                                "pool {}: device {dev:?} must name one disk, not a glob",
+                                d.name
+                            )));
+                        }
+                    }
                     if !paths.insert(d.path.clone()) {
                         return Err(ConfigError::Invalid(format!(
                             "pool {}: path {:?} is used by another pool",
                             d.name, d.path
                         )));
+                    }
+                }
+            }
+        }
+        // A disk named by two pools would be taken by the first and refuse
+        // the second; LVM pools sharing a VG may list the same disks.
+        let mut owners: std::collections::BTreeMap<&str, (&PoolName, Option<&str>)> =
+            std::collections::BTreeMap::new();
+        for p in &self.pools {
+            let (listed, vg): (Vec<&str>, Option<&str>) = match p {
+                PoolConfig::Lvm(l) => (
+                    l.devices.iter().map(String::as_str).collect(),
+                    Some(l.volume_group.as_str()),
+                ),
+                PoolConfig::Dir(d) => (d.device.iter().filter_map(|d| d.to_str()).collect(), None),
+            };
+            for dev in listed {
+                match owners.get(dev) {
+                    Some((other, other_vg)) if vg.is_none() || *other_vg != vg => {
+                        return Err(ConfigError::Invalid(format!(
+                            "pool {}: device {dev:?} is also pool {other}'s",
+                            p.name()
+                        )))
+                    }
+                    Some(_) => {}
+                    None => {
+                        owners.insert(dev, (p.name(), vg));
                     }
                 }
             }
@@ -425,8 +583,65 @@ mod tests {
         let PoolConfig::Lvm(thin) = &cfg.pools[1] else {
             panic!()
         };
-        assert_eq!(thin.thin_pool.as_deref(), Some("tp"));
+        assert_eq!(thin.thin_pool_name(), Some("tp"));
+        assert_eq!(thin.thin_pool.as_ref().unwrap().size(), None);
         assert_eq!(thin.overprovision_ratio, Some(4.0));
+    }
+
+    #[test]
+    fn parses_pools_made_of_disks() {
+        let cfg = Config::from_yaml(
+            "pools:\n\
+             - {name: fast, type: lvm, volumeGroup: localvol-fast, devices: [/dev/disk/by-id/nvme-a, '/dev/disk/by-path/pci-*'], thinPool: {name: tp, size: 90%}}\n\
+             - {name: thick, type: lvm, volumeGroup: vg1, devices: [/dev/sdc]}\n\
+             - {name: thin1, type: lvm, volumeGroup: vg1, devices: [/dev/sdc], thinPool: {name: tp, size: 50%}}\n\
+             - {name: bytes, type: lvm, volumeGroup: vg2, devices: [/dev/sdd], thinPool: {name: tp, size: 10Gi}}\n\
+             - {name: named, type: lvm, volumeGroup: vg3, thinPool: {name: tp}}\n\
+             - {name: scratch, type: dir, path: /var/lib/localvol/scratch, device: /dev/disk/by-id/ata-b, quota: required}\n",
+        )
+        .unwrap();
+        let lvm = |i: usize| match &cfg.pools[i] {
+            PoolConfig::Lvm(l) => l.clone(),
+            _ => panic!(),
+        };
+        let fast = lvm(0);
+        assert_eq!(
+            fast.devices,
+            ["/dev/disk/by-id/nvme-a", "/dev/disk/by-path/pci-*"]
+        );
+        assert_eq!(fast.thin_pool_name(), Some("tp"));
+        assert_eq!(
+            fast.thin_pool.unwrap().size(),
+            Some(ThinSize::PercentOfVg(90))
+        );
+        assert_eq!(lvm(1).thin_pool, None);
+        assert_eq!(
+            lvm(2).thin_pool.unwrap().size(),
+            Some(ThinSize::PercentOfVg(50))
+        );
+        assert_eq!(
+            lvm(3).thin_pool.unwrap().size(),
+            Some(ThinSize::Bytes(10 << 30))
+        );
+        assert_eq!(lvm(4).thin_pool_name(), Some("tp"));
+        assert_eq!(lvm(4).thin_pool.unwrap().size(), None);
+        let PoolConfig::Dir(d) = &cfg.pools[5] else {
+            panic!()
+        };
+        assert_eq!(
+            d.device.as_deref(),
+            Some(Path::new("/dev/disk/by-id/ata-b"))
+        );
+    }
+
+    #[test]
+    fn thin_pool_sizes() {
+        assert_eq!(ThinSize::parse("100%"), Ok(ThinSize::PercentOfVg(100)));
+        assert_eq!(ThinSize::parse("1%"), Ok(ThinSize::PercentOfVg(1)));
+        assert_eq!(ThinSize::parse("512Mi"), Ok(ThinSize::Bytes(512 << 20)));
+        for bad in ["0%", "101%", "90.5%", "x%", "0", "lots"] {
+            assert!(ThinSize::parse(bad).is_err(), "{bad}");
+        }
     }
 
     #[test]
@@ -466,6 +681,50 @@ mod tests {
             (
                 "pools: [{name: a, type: dir, path: /a, reserve: 5Zi}]",
                 "unknown unit",
+            ),
+            (
+                "pools: [{name: a, type: lvm, volumeGroup: v, thinPool: {name: t, size: 90%}}]",
+                "thinPool size needs devices",
+            ),
+            (
+                "pools: [{name: a, type: lvm, volumeGroup: v, devices: [/dev/a], thinPool: {name: t, size: 0%}}]",
+                "from 1 to 100",
+            ),
+            (
+                "pools: [{name: a, type: lvm, volumeGroup: v, devices: [sdb]}]",
+                "below /dev",
+            ),
+            (
+                "pools: [{name: a, type: lvm, volumeGroup: v, devices: [/etc/passwd]}]",
+                "below /dev",
+            ),
+            (
+                "pools: [{name: a, type: lvm, volumeGroup: v, devices: [/dev/../etc/x]}]",
+                "must not contain ..",
+            ),
+            (
+                "pools: [{name: a, type: lvm, volumeGroup: v, devices: ['/dev/[x']}]",
+                "device pattern",
+            ),
+            (
+                "pools: [{name: a, type: lvm, volumeGroup: v, thinPool: {name: t, colour: red}}]",
+                "ThinPoolConfig",
+            ),
+            (
+                "pools: [{name: a, type: dir, path: /a, device: /dev/sd*}]",
+                "not a glob",
+            ),
+            (
+                "pools: [{name: a, type: dir, path: /a, device: disk}]",
+                "below /dev",
+            ),
+            (
+                "pools: [{name: a, type: dir, path: /a, device: /dev/sdb}, {name: b, type: lvm, volumeGroup: v, devices: [/dev/sdb]}]",
+                "also pool a's",
+            ),
+            (
+                "pools: [{name: a, type: lvm, volumeGroup: v, devices: [/dev/sdb]}, {name: b, type: lvm, volumeGroup: w, devices: [/dev/sdb]}]",
+                "also pool a's",
             ),
         ] {
             let err = Config::from_yaml(yaml).unwrap_err().to_string();

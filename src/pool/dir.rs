@@ -350,6 +350,8 @@ impl DirPool {
             capacity,
             default_size,
             quota,
+            // Mounted at `path` by `disks::prepare_dir` before this runs.
+            device: _,
         } = cfg;
         let pool_name = name.clone();
         let (root, volumes, quotas, unenforced_reason, spare_dir, ident) = blocking(move || {
@@ -962,6 +964,7 @@ mod tests {
             capacity: Some(ByteSize(100 << 20)),
             default_size: Some(ByteSize(8 << 20)),
             quota,
+            device: None,
         }
     }
 

@@ -20,6 +20,10 @@ pub enum PoolError {
     /// pool is missing or wrong).
     #[error("pool {pool}: {why}")]
     Unavailable { pool: String, why: String },
+    /// The pool did not start: its disks were refused (`disks.rs`). It
+    /// holds no volume the driver can reach now.
+    #[error("pool {pool} was not started: {why}")]
+    NotStarted { pool: String, why: String },
     /// The pool cannot be opened as configured (found at start).
     #[error("pool {pool}: {why}")]
     Misconfigured { pool: String, why: String },

@@ -15,8 +15,10 @@ pub use crate::crypt::Encryption;
 use crate::ids::{PoolName, VolumeId, VolumeName};
 
 pub mod dir;
+pub mod disks;
 mod error;
 pub mod lvm;
+mod refused;
 
 pub use error::{PoolError, Result};
 
@@ -314,6 +316,17 @@ pub enum Unusable {
          `lvchange --zero y {vg}/{thin}`"
     )]
     ThinPoolNotZeroing { vg: String, thin: String },
+    /// A disk the pool lists (`devices:`, `device:`) holds something or is
+    /// in use: the driver does not touch it, and the pool does not start.
+    #[error(
+        "device {device:?} {what}; the pool was not started (the driver only takes \
+         blank disks that nothing uses: clear it yourself, or take it out of the pool's list)"
+    )]
+    DeviceRefused { device: PathBuf, what: String },
+    /// Preparing the pool's disks failed (a probe, `vgcreate`, `mkfs`, the
+    /// mount), or they cannot make the pool.
+    #[error("preparing the pool's disks failed: {0}")]
+    DisksFailed(String),
     /// The check itself failed (an lvm report that timed out or failed).
     #[error("the health check failed: {0}")]
     CheckFailed(String),
@@ -458,9 +471,19 @@ impl Pools {
         let mut pools: HashMap<PoolName, Arc<dyn Pool>> = HashMap::new();
         let mut order = Vec::new();
         for pc in &cfg.pools {
-            let pool: Arc<dyn Pool> = match pc {
-                PoolConfig::Dir(d) => Arc::new(dir::DirPool::open(d.clone()).await?),
-                PoolConfig::Lvm(l) => Arc::new(lvm::LvmPool::open(l.clone()).await?),
+            // A pool whose disks are refused serves nothing and says why;
+            // the others open as usual.
+            let prepared = match pc {
+                PoolConfig::Dir(d) => disks::prepare_dir(d).await,
+                PoolConfig::Lvm(l) => disks::prepare_lvm(l).await,
+            };
+            let pool: Arc<dyn Pool> = match (pc, prepared) {
+                (_, Err(why)) => {
+                    tracing::error!(pool = %pc.name(), reason = %why, "pool not started");
+                    Arc::new(refused::RefusedPool::new(pc, why))
+                }
+                (PoolConfig::Dir(d), Ok(())) => Arc::new(dir::DirPool::open(d.clone()).await?),
+                (PoolConfig::Lvm(l), Ok(())) => Arc::new(lvm::LvmPool::open(l.clone()).await?),
             };
             tracing::info!(pool = %pc.name(), backend = pool.backend(), "pool opened");
             order.push(pc.name().clone());

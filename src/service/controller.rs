@@ -14,8 +14,8 @@ use crate::csi::controller_service_capability::{rpc::Type as RpcType, Rpc, Type 
 use crate::ids::{truncate, ParsedId, PoolName, VolumeId, VolumeName};
 use crate::k8s::room::{Room, Verdict};
 use crate::pool::{
-    AccessType, CapacityRange, ContentSource, CreateRequest, Pool, Snapshot, SnapshotRequest,
-    Volume,
+    AccessType, CapacityRange, ContentSource, CreateRequest, Pool, PoolError, Snapshot,
+    SnapshotRequest, Volume,
 };
 use crate::size::human;
 
@@ -63,7 +63,16 @@ impl ControllerService {
     async fn refuse_name_in_other_pools(&self, pool: &dyn Pool, name: &VolumeName) -> Result<()> {
         for other in self.driver.pools.iter().filter(|p| p.name() != pool.name()) {
             let other_id = VolumeId::new(other.name().clone(), name);
-            if other.get(&other_id).await?.is_some() {
+            let found = match other.get(&other_id).await {
+                // A pool whose disks were refused at start cannot be asked;
+                // the others go on serving (CO names are unique anyway).
+                Err(PoolError::NotStarted { pool, why }) => {
+                    tracing::warn!(%pool, %why, name = name.as_str(), "name not checked in a pool that did not start");
+                    None
+                }
+                res => res?,
+            };
+            if found.is_some() {
                 return Err(Status::already_exists(format!(
                     "volume {:?} already exists in pool {}",
                     name.as_str(),

@@ -123,7 +123,7 @@ pub fn pool_code(e: &PoolError) -> Code {
     use PoolError as P;
     match e {
         P::UnknownPool { .. } | P::UnsupportedParameter(_) => Code::InvalidArgument,
-        P::Unavailable { .. } => Code::Unavailable,
+        P::Unavailable { .. } | P::NotStarted { .. } => Code::Unavailable,
         P::Mismatch { .. } | P::NotOurs { .. } => Code::AlreadyExists,
         P::VolumeNotFound(_) | P::SnapshotNotFound(_) | P::SourceNotFound(_) => Code::NotFound,
         P::TooLarge { .. } | P::SizeRefused(_) => Code::OutOfRange,

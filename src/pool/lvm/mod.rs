@@ -82,6 +82,7 @@ pub struct LvmPool {
 impl LvmPool {
     pub async fn open(cfg: LvmPoolConfig) -> Result<Self> {
         let cfg_rate = cfg.wipe_rate_limit;
+        let thin = cfg.thin_pool_name().map(str::to_owned);
         let mut pool = LvmPool {
             default_fs: FsType::parse(&cfg.default_fs_type).map_err(|e| {
                 PoolError::Misconfigured {
@@ -91,7 +92,7 @@ impl LvmPool {
             })?,
             name: cfg.name,
             vg: cfg.volume_group,
-            thin: cfg.thin_pool,
+            thin,
             ratio: cfg.overprovision_ratio.unwrap_or(1.0),
             reserve: cfg.reserve.0,
             options: cfg.lvcreate_options,

@@ -54,10 +54,20 @@ app.kubernetes.io/component: node
 {{- define "localvol.extraPoolMounts" -}}
 {{- $data := printf "%s/" (trimSuffix "/" .Values.dataDir.path) -}}
 {{- range .Values.pools }}
-{{- if and (eq .type "dir") (not (hasPrefix $data .path)) }}
-- {{ dict "name" .name "path" .path "type" (default "Directory" .hostPathType) | toJson }}
+{{- if and (eq .type "dir") (or .device (not (hasPrefix $data .path))) }}
+{{- /* A pool on its own disk: the driver mounts it, so the mount must reach the
+       host (Bidirectional) and outlive a restart of the container. */}}
+{{- $dev := not (empty .device) }}
+- {{ dict "name" .name "path" .path "type" (default (ternary "DirectoryOrCreate" "Directory" $dev) .hostPathType) "propagation" (ternary "Bidirectional" "HostToContainer" $dev) | toJson }}
 {{- end }}
 {{- end }}
+{{- end }}
+
+{{/* "true" when a dir pool names a device (the driver needs the host's /dev). */}}
+{{- define "localvol.hasDevicePool" -}}
+{{- $dev := false -}}
+{{- range .Values.pools }}{{ if and (eq .type "dir") .device }}{{ $dev = true }}{{ end }}{{ end -}}
+{{- $dev -}}
 {{- end }}
 
 {{/* config.yaml for the driver: the pool config without chart-only keys. */}}
