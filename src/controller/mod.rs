@@ -38,6 +38,7 @@ use crate::k8s::lost;
 
 pub mod lease;
 pub mod nodeloss;
+mod record;
 
 #[derive(Debug, thiserror::Error)]
 pub enum ControllerError {
@@ -159,7 +160,8 @@ impl NodeLoss {
         }
         let mut ok = BTreeSet::new();
         for (node, volumes) in by_node {
-            match lost::record(&self.client, &self.namespace, &self.driver, node, &volumes).await {
+            match record::record(&self.client, &self.namespace, &self.driver, node, &volumes).await
+            {
                 Ok(changed) => {
                     if changed {
                         tracing::info!(%node, volumes = volumes.len(),

@@ -21,7 +21,8 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use k8s_openapi::api::core::v1::ConfigMap;
-use kube::api::{Api, Patch, PatchParams, PostParams};
+use k8s_openapi::api::storage::v1::CSINode;
+use kube::api::{Api, Patch, PatchParams};
 use kube::Client;
 use serde_json::json;
 
@@ -87,7 +88,7 @@ impl LostRecord {
     }
 
     /// The ConfigMap's data for this record.
-    fn data(&self, driver: &str) -> BTreeMap<String, String> {
+    pub fn data(&self, driver: &str) -> BTreeMap<String, String> {
         let mut volumes = String::new();
         let mut storage = BTreeSet::new();
         for (h, id) in &self.volumes {
@@ -133,51 +134,6 @@ pub async fn read(
         .map(|cm| LostRecord::from_configmap(&cm)))
 }
 
-/// Adds `volumes` to `node`'s lost record (creating it), before their PVs
-/// are deleted; true when it wrote something. Nothing is ever removed from a
-/// record. A conflict (someone changed it meanwhile) is an error: the caller
-/// deletes nothing this pass.
-pub async fn record(
-    client: &Client,
-    namespace: &str,
-    driver: &str,
-    node: &str,
-    volumes: &[(String, Option<StorageId>)],
-) -> Result<bool, kube::Error> {
-    let api: Api<ConfigMap> = Api::namespaced(client.clone(), namespace);
-    let name = record_name(node);
-    let existing = api.get_opt(&name).await?;
-    let mut rec = existing
-        .as_ref()
-        .map(LostRecord::from_configmap)
-        .unwrap_or_default();
-    rec.node = node.to_owned();
-    let before = rec.volumes.len();
-    for (h, id) in volumes {
-        // A handle already recorded keeps what was first recorded.
-        rec.volumes.entry(h.clone()).or_insert_with(|| id.clone());
-    }
-    match existing {
-        Some(_) if rec.volumes.len() == before => Ok(false),
-        Some(mut cm) => {
-            cm.data = Some(rec.data(driver));
-            api.replace(&name, &PostParams::default(), &cm).await?;
-            Ok(true)
-        }
-        None => {
-            let cm: ConfigMap = serde_json::from_value(json!({
-                "apiVersion": "v1", "kind": "ConfigMap",
-                "metadata": {"name": name, "namespace": namespace,
-                             "labels": {RECORD_LABEL: "true"}},
-                "data": rec.data(driver),
-            }))
-            .expect("a ConfigMap");
-            api.create(&PostParams::default(), &cm).await?;
-            Ok(true)
-        }
-    }
-}
-
 /// Sets this node's storage identities on its CSINode (a merge patch of
 /// one annotation). A CSINode that does not exist yet (kubelet creates it)
 /// is NotFound: the caller retries.
@@ -187,7 +143,7 @@ pub async fn annotate_csinode(
     node: &str,
     ids: &BTreeMap<String, StorageId>,
 ) -> Result<(), kube::Error> {
-    let api: Api<k8s_openapi::api::storage::v1::CSINode> = Api::all(client.clone());
+    let api: Api<CSINode> = Api::all(client.clone());
     let value: BTreeMap<&str, &str> = ids.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
     let patch = json!({"metadata": {"annotations": {
         storage_annotation(driver): serde_json::to_string(&value).expect("a JSON object"),
