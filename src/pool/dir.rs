@@ -346,6 +346,19 @@ fn storage_id(pool: &PoolName, root: &Path) -> Result<StorageId> {
     .ctx(|| "reading /dev/urandom".to_owned())?;
     let hex: String = random.iter().map(|b| format!("{b:02x}")).collect();
     let path = root.join(POOL_ID_FILE);
+    // Temp files of a first write cut short (create_once's `.<name>.tmp.*`).
+    let tmp_prefix = format!(".{POOL_ID_FILE}.tmp.");
+    for e in fs::read_dir(root).ctx(|| format!("reading {root:?}"))? {
+        let e = e.ctx(|| format!("reading {root:?}"))?;
+        let stale = e
+            .file_name()
+            .to_str()
+            .is_some_and(|n| n.starts_with(&tmp_prefix))
+            && e.file_type().is_ok_and(|t| t.is_file());
+        if stale {
+            fs::remove_file(e.path()).ctx(|| format!("removing {:?}", e.path()))?;
+        }
+    }
     let raw = fsutil::create_once(&path, format!("{hex}\n").as_bytes())?;
     let text = String::from_utf8_lossy(&raw);
     StorageId::parse(&format!("dir:{}", text.trim())).map_err(|e| PoolError::Misconfigured {
@@ -1010,6 +1023,36 @@ mod tests {
             parameters: Default::default(),
             encryption: None,
         }
+    }
+
+    #[tokio::test]
+    async fn storage_id_is_written_once_and_kept_across_opens() {
+        let d = tempfile::tempdir().unwrap();
+        // A temp file of a first write a crash cut short.
+        let stale = d.path().join(format!(".{POOL_ID_FILE}.tmp.1.0"));
+        fs::write(&stale, b"partial").unwrap();
+        let pool = DirPool::open(cfg(d.path(), QuotaMode::Off)).await.unwrap();
+        let id = pool.storage_id().unwrap().clone();
+        let file = fs::read_to_string(d.path().join(POOL_ID_FILE)).unwrap();
+        assert_eq!(id.as_str(), format!("dir:{}", file.trim()));
+        assert_eq!(file.trim().len(), 32);
+        assert!(!stale.exists(), "the stale temp file is removed");
+        drop(pool);
+        let again = DirPool::open(cfg(d.path(), QuotaMode::Off)).await.unwrap();
+        assert_eq!(again.storage_id(), Some(&id));
+        // Another pool directory, another identity.
+        let other = tempfile::tempdir().unwrap();
+        let o = DirPool::open(cfg(other.path(), QuotaMode::Off))
+            .await
+            .unwrap();
+        assert_ne!(o.storage_id(), Some(&id));
+        // A file that holds no id stops the pool instead of being replaced.
+        fs::write(other.path().join(POOL_ID_FILE), b"../x\n").unwrap();
+        drop(o);
+        assert!(matches!(
+            DirPool::open(cfg(other.path(), QuotaMode::Off)).await,
+            Err(PoolError::Misconfigured { .. })
+        ));
     }
 
     #[tokio::test]
