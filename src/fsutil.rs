@@ -106,6 +106,56 @@ pub fn write_atomic(path: &Path, data: &[u8]) -> Result<()> {
     res
 }
 
+/// The content of `path`, written first as `data` if the file does not
+/// exist: a temp file beside it, fsynced, hard-linked to `path` (which fails
+/// if `path` appeared meanwhile: that content wins), the folder fsynced. So
+/// the file is created once and never replaced; a crash leaves it whole or
+/// absent. `path` itself is read without following a symlink.
+pub fn create_once(path: &Path, data: &[u8]) -> Result<Vec<u8>> {
+    let read = |p: &Path| -> std::io::Result<Vec<u8>> {
+        let mut f = OpenOptions::new()
+            .read(true)
+            .custom_flags(libc::O_NOFOLLOW)
+            .open(p)?;
+        let mut out = Vec::new();
+        std::io::Read::read_to_end(&mut f, &mut out)?;
+        Ok(out)
+    };
+    match read(path) {
+        Ok(v) => return Ok(v),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        Err(e) => return Err(IoError::new(format!("reading {path:?}"), e).into()),
+    }
+    let dir = path
+        .parent()
+        .ok_or_else(|| FsError::NoParent { path: path.into() })?;
+    let name = path.file_name().and_then(|n| n.to_str()).unwrap_or("file");
+    let n = TMP_COUNTER.fetch_add(1, Ordering::Relaxed);
+    let tmp = dir.join(format!(".{name}.tmp.{}.{n}", std::process::id()));
+    let res = (|| {
+        let mut f = OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(0o600)
+            .open(&tmp)
+            .ctx(|| format!("creating {tmp:?}"))?;
+        f.write_all(data).ctx(|| format!("writing {tmp:?}"))?;
+        f.sync_all().ctx(|| format!("syncing {tmp:?}"))?;
+        match fs::hard_link(&tmp, path) {
+            Ok(()) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
+            Err(e) => return Err(IoError::new(format!("linking {tmp:?} to {path:?}"), e).into()),
+        }
+        fs::remove_file(&tmp).ctx(|| format!("removing {tmp:?}"))?;
+        sync_dir(dir)
+    })();
+    if res.is_err() {
+        let _ = fs::remove_file(&tmp);
+    }
+    res?;
+    Ok(read(path).ctx(|| format!("reading {path:?}"))?)
+}
+
 /// Like [`write_atomic`], but the temp file is `spare`: a file retired by
 /// [`retire_file`] on the same filesystem that nothing else uses. It is
 /// rewritten in place (its blocks are reused: none is allocated, none freed),
@@ -493,6 +543,21 @@ pub fn fs_stats(path: &Path) -> Result<FsStats, IoError> {
 mod tests {
     use super::*;
     use std::os::unix::fs::symlink;
+
+    #[test]
+    fn create_once_writes_once_and_never_replaces() {
+        let t = tempfile::tempdir().unwrap();
+        let p = t.path().join("id");
+        assert_eq!(create_once(&p, b"first").unwrap(), b"first");
+        assert_eq!(create_once(&p, b"second").unwrap(), b"first");
+        assert_eq!(fs::read(&p).unwrap(), b"first");
+        // No temp file left behind.
+        assert_eq!(fs::read_dir(t.path()).unwrap().count(), 1);
+        // A symlink where the file should be is not followed.
+        let l = t.path().join("link");
+        std::os::unix::fs::symlink(&p, &l).unwrap();
+        assert!(create_once(&l, b"x").is_err());
+    }
 
     #[test]
     fn atomic_write_replaces_and_leaves_no_temp() {

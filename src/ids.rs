@@ -178,6 +178,47 @@ impl fmt::Display for VolumeId {
     }
 }
 
+/// The volume attribute (CreateVolume's `volume_context`, so a PV's
+/// `spec.csi.volumeAttributes`) that names the storage a volume lives on.
+pub const STORAGE_ID_KEY: &str = "storageIdentity";
+
+/// What a pool's storage is, independent of the node's name: `lvm:<VG
+/// UUID>` for an LVM pool, `dir:<32 hex>` for a dir pool (a random id
+/// written once into the pool directory). A node that is reinstalled with
+/// its disks keeps it; new disks give a new one.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct StorageId(String);
+
+impl StorageId {
+    /// `lvm:` or `dir:` and 1-64 of `[A-Za-z0-9-]`.
+    pub fn parse(s: &str) -> Result<Self> {
+        let ok = ["lvm:", "dir:"].iter().any(|p| {
+            s.strip_prefix(p).is_some_and(|rest| {
+                !rest.is_empty()
+                    && rest.len() <= 64
+                    && rest.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-')
+            })
+        });
+        if ok {
+            Ok(Self(s.to_owned()))
+        } else {
+            Err(InvalidName(format!(
+                "invalid storage identity {:?}: expected lvm:<VG UUID> or dir:<hex id>",
+                truncate(s)
+            )))
+        }
+    }
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+impl fmt::Display for StorageId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
 /// A node id: printable, no whitespace, at most [`MAX_ID_LEN`] bytes.
 pub fn check_node_id(s: &str) -> Result<()> {
     check_text("node id", s)?;
@@ -222,6 +263,19 @@ pub fn truncate(s: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn storage_ids_are_lvm_or_dir_and_plain() {
+        for ok in ["lvm:Xk2vYb-0Qz1-ABCD-efgh-1234-5678-9aBcDe", "dir:0123abcd"] {
+            assert_eq!(StorageId::parse(ok).unwrap().as_str(), ok);
+        }
+        for bad in [
+            "", "lvm:", "zfs:abc", "dir:a/b", "dir:../x", "dir:a b", "DIR:abc",
+        ] {
+            assert!(StorageId::parse(bad).is_err(), "{bad:?}");
+        }
+        assert!(StorageId::parse(&format!("dir:{}", "a".repeat(65))).is_err());
+    }
 
     #[test]
     fn id_round_trips_and_is_deterministic() {

@@ -31,6 +31,11 @@ mod task;
 #[cfg(test)]
 mod testing;
 
+/// The tests' fake Kubernetes API server (`k8s/fake.rs`), for the test
+/// crates that start the real binary against it; never in a normal build.
+#[cfg(feature = "fake-api")]
+pub use k8s::fake as fake_api;
+
 /// Bindings generated from `proto/csi.proto` (CSI spec v1.11).
 #[allow(clippy::all, missing_docs)]
 pub mod csi {

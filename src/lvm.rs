@@ -19,7 +19,7 @@ const LVM_TIMEOUT: Duration = Duration::from_secs(60);
 
 const LV_FIELDS: &str =
     "lv_name,vg_name,lv_size,lv_tags,lv_attr,pool_lv,origin,data_percent,metadata_percent,lv_path,lv_device_open,lv_time";
-const VG_FIELDS: &str = "vg_name,vg_size,vg_free,vg_extent_size,vg_free_count,vg_tags";
+const VG_FIELDS: &str = "vg_name,vg_uuid,vg_size,vg_free,vg_extent_size,vg_free_count,vg_tags";
 
 #[derive(Debug, thiserror::Error)]
 pub enum LvmError {
@@ -64,6 +64,8 @@ pub fn classify(err: CommandError) -> LvmError {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct VgInfo {
     pub name: String,
+    /// The VG's UUID (`vg_uuid`): stays with its disks whatever the node.
+    pub uuid: String,
     pub size: u64,
     pub free: u64,
     pub extent_size: u64,
@@ -179,6 +181,8 @@ struct RawLv {
 #[derive(Deserialize)]
 struct RawVg {
     vg_name: String,
+    #[serde(default)]
+    vg_uuid: String,
     vg_size: String,
     vg_free: String,
     vg_extent_size: String,
@@ -284,6 +288,7 @@ pub fn parse_vgs(json: &str) -> Result<Vec<VgInfo>, LvmError> {
                 free_extents: num("vg_free_count", &v.vg_free_count)?,
                 tags: tags(&v.vg_tags),
                 name: v.vg_name,
+                uuid: v.vg_uuid,
             })
         })
         .collect()

@@ -126,6 +126,13 @@ struct ServeArgs {
     /// Serve Prometheus /metrics, /healthz and /readyz here (e.g. :9808).
     #[arg(long, value_parser = localvol::metrics::parse_addr)]
     metrics_addr: Option<std::net::SocketAddr>,
+    /// The driver's namespace, where the node-loss controller's lost records are read.
+    #[arg(long, env = "POD_NAMESPACE", default_value = "kube-system")]
+    namespace: String,
+    /// Talk to this API server (http://host:port, no credentials) instead of the
+    /// in-cluster one: tests and debugging only.
+    #[arg(long, hide = true)]
+    kube_api: Option<String>,
 }
 
 fn init_logging(format: LogFormat) {
@@ -160,6 +167,8 @@ async fn serve(args: ServeArgs) -> Result<(), String> {
         kubelet_dir: args.kubelet_dir,
         socket_group: args.socket_group,
         metrics_addr: args.metrics_addr,
+        namespace: args.namespace,
+        kube_api: args.kube_api,
     };
     server::serve(opts, server::shutdown_signal())
         .await

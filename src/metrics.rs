@@ -64,6 +64,7 @@ pub struct Metrics {
     cleanups: Family<ResultLabels, Counter>,
     cleanup_seconds: Histogram,
     orphans: Gauge,
+    orphans_kept: Gauge,
     wipe_pending: Family<PoolLabels, Gauge>,
     wiped_bytes: Family<PoolLabels, Counter>,
     wipe_seconds: Family<PoolLabels, Counter<f64, AtomicU64>>,
@@ -177,6 +178,12 @@ impl Metrics {
                 "Volumes of this node that no PersistentVolume refers to",
                 Gauge::default(),
             ),
+            orphans_kept: registered(
+                r,
+                "orphan_volumes_kept_after_node_loss",
+                "Orphans whose PV the node-loss controller deleted while their storage survived: never reclaimed",
+                Gauge::default(),
+            ),
             wipe_pending: registered(
                 r,
                 "wipe_pending_bytes",
@@ -233,9 +240,11 @@ pub fn record_cleanup(ok: bool, seconds: f64) {
     m.cleanup_seconds.observe(seconds);
 }
 
-/// Orphans found by the last pass.
-pub fn set_orphans(n: usize) {
+/// Orphans found by the last pass, and how many of them are kept because
+/// the node-loss controller deleted their PVs (see `k8s::lost`).
+pub fn set_orphans(n: usize, kept: usize) {
     metrics().orphans.set(gauge_value(n as u64));
+    metrics().orphans_kept.set(gauge_value(kept as u64));
 }
 
 /// A pool's wipe figures: the pending gauge, and the counters brought up to

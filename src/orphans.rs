@@ -8,13 +8,21 @@
 //! volume just created whose PV the provisioner has not written yet is covered
 //! by the grace period; the first-seen times live in memory, so a restart only
 //! delays a report.
+//!
+//! An orphan whose PV the node-loss controller deleted while this node was
+//! gone, and whose storage is still this pool's (the node came back with its
+//! disks: `k8s::lost`), is kept whatever the mode: reported (a warning, the
+//! `orphan_volumes_kept_after_node_loss` gauge, an Event on the Node) and
+//! never reclaimed. While the node's lost record cannot be read, nothing is
+//! reclaimed.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use futures::StreamExt;
-use k8s_openapi::api::core::v1::PersistentVolume;
+use k8s_openapi::api::core::v1::{ObjectReference, PersistentVolume};
+use kube::runtime::events::{Event, EventType, Recorder, Reporter};
 use kube::runtime::reflector::{self, Store};
 use kube::runtime::{watcher, WatchStreamExt};
 use kube::{Api, Client};
@@ -22,7 +30,8 @@ use tokio::sync::Mutex;
 
 use crate::driver::Driver;
 use crate::driver::DriverError;
-use crate::ids::{ParsedId, VolumeId};
+use crate::ids::{ParsedId, StorageId, VolumeId};
+use crate::k8s::lost::{self, LostRecord};
 use crate::pool::PoolError;
 use crate::task::AbortOnDrop;
 
@@ -60,13 +69,35 @@ impl Tracker {
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct OrphanReport {
     pub orphans: Vec<String>,
+    /// Orphans kept because the node-loss controller deleted their PVs and
+    /// their storage is this node's (never reclaimed).
+    pub kept: Vec<String>,
     pub reclaimed: Vec<String>,
+}
+
+/// Where the node's lost record is read, and Events are sent.
+struct Cluster {
+    client: Client,
+    /// The namespace of the lost records (the driver's).
+    namespace: String,
+    recorder: Recorder,
+}
+
+/// What this pass knows of the node's lost record.
+enum Lost {
+    None,
+    Record(LostRecord),
+    /// It could not be read: nothing is reclaimed.
+    Unreadable,
 }
 
 pub struct Orphans {
     driver: Arc<Driver>,
     cfg: OrphansConfig,
     tracker: Mutex<Tracker>,
+    cluster: Option<Cluster>,
+    /// Kept orphans an Event was sent for (once per volume and process).
+    announced: Mutex<BTreeSet<String>>,
 }
 
 impl Orphans {
@@ -75,6 +106,68 @@ impl Orphans {
             driver,
             cfg,
             tracker: Mutex::default(),
+            cluster: None,
+            announced: Mutex::default(),
+        }
+    }
+
+    /// Reads the node's lost record from `namespace` at every pass, and
+    /// records Events, through `client`.
+    pub fn with_cluster(mut self, client: Client, namespace: &str) -> Self {
+        let reporter = Reporter {
+            controller: "localvol-node".into(),
+            instance: Some(self.driver.node_id.clone()),
+        };
+        self.cluster = Some(Cluster {
+            recorder: Recorder::new(client.clone(), reporter),
+            client,
+            namespace: namespace.to_owned(),
+        });
+        self
+    }
+
+    async fn lost(&self) -> Lost {
+        let Some(c) = &self.cluster else {
+            return Lost::None;
+        };
+        match lost::read(&c.client, &c.namespace, &self.driver.node_id).await {
+            Ok(Some(r)) => Lost::Record(r),
+            Ok(None) => Lost::None,
+            Err(e) => {
+                tracing::warn!(error = %e, record = %lost::record_name(&self.driver.node_id),
+                    "orphans: cannot read this node's lost record; reclaiming nothing this pass");
+                Lost::Unreadable
+            }
+        }
+    }
+
+    /// An Event on this node's Node object about a kept orphan (once).
+    async fn announce(&self, id: &str, node_lost: &LostRecord) {
+        let Some(c) = &self.cluster else { return };
+        if !self.announced.lock().await.insert(id.to_owned()) {
+            return;
+        }
+        let node = &self.driver.node_id;
+        let ev = Event {
+            type_: EventType::Warning,
+            reason: "OrphanKeptAfterNodeLoss".into(),
+            note: Some(format!(
+                "volume {id} lost its PV when node {} was declared lost, but its storage is still here: kept, never reclaimed; re-adopt it with a static PV or delete it by hand (record {}/{})",
+                node_lost.node,
+                c.namespace,
+                lost::record_name(node)
+            )),
+            action: "Keep".into(),
+            secondary: None,
+        };
+        let node_ref = ObjectReference {
+            api_version: Some("v1".into()),
+            kind: Some("Node".into()),
+            name: Some(node.clone()),
+            ..Default::default()
+        };
+        if let Err(e) = c.recorder.publish(&ev, &node_ref).await {
+            tracing::warn!(error = %e, "could not record an event");
         }
     }
 
@@ -95,13 +188,16 @@ impl Orphans {
         // (swept here when its target path is gone), never as orphans.
         self.driver.sweep_ephemeral().await;
         let mut volumes = BTreeSet::new();
+        let mut storage: BTreeMap<String, Option<StorageId>> = BTreeMap::new();
         for pool in self.driver.pools.iter() {
             for v in pool.list().await? {
                 if v.ephemeral_target().is_none() {
+                    storage.insert(v.id.clone(), pool.storage_id().cloned());
                     volumes.insert(v.id);
                 }
             }
         }
+        let lost = self.lost().await;
         let orphans = self.tracker.lock().await.update(
             now,
             &volumes,
@@ -109,10 +205,22 @@ impl Orphans {
             Duration::from_secs(self.cfg.grace_seconds),
         );
         let mut report = OrphanReport::default();
-        crate::metrics::set_orphans(orphans.len());
         for id in orphans {
-            tracing::warn!(volume = %id, mode = ?self.cfg.mode, "orphan: no PersistentVolume refers to this volume");
             report.orphans.push(id.clone());
+            if let Lost::Record(rec) = &lost {
+                let here = storage.get(&id).cloned().flatten();
+                if rec.keeps(&id, here.as_ref()) {
+                    tracing::warn!(volume = %id, storage = ?here.as_ref().map(|s| s.to_string()),
+                        "orphan kept: the node-loss controller deleted its PV, and its storage is still this node's; never reclaimed (re-adopt it with a static PV, see the README)");
+                    self.announce(&id, rec).await;
+                    report.kept.push(id);
+                    continue;
+                }
+            }
+            tracing::warn!(volume = %id, mode = ?self.cfg.mode, "orphan: no PersistentVolume refers to this volume");
+            if self.cfg.mode == OrphanMode::Reclaim && matches!(lost, Lost::Unreadable) {
+                continue;
+            }
             if self.cfg.mode == OrphanMode::Reclaim {
                 match self.reclaim(&id).await {
                     Ok(()) => {
@@ -123,6 +231,7 @@ impl Orphans {
                 }
             }
         }
+        crate::metrics::set_orphans(report.orphans.len(), report.kept.len());
         Ok(report)
     }
 

@@ -50,6 +50,12 @@ pub struct ServeOptions {
     pub socket_group: Option<String>,
     /// Where to serve `/metrics`, `/healthz` and `/readyz` (off when None).
     pub metrics_addr: Option<std::net::SocketAddr>,
+    /// The driver's namespace (its pod's): where the node-loss controller's
+    /// lost records are read.
+    pub namespace: String,
+    /// An API server URL used instead of the in-cluster config, without
+    /// credentials (tests and debugging only; `--kube-api`).
+    pub kube_api: Option<String>,
 }
 
 /// Async workers of `localvol serve`, at most: they decode requests, encode
@@ -123,11 +129,18 @@ pub async fn serve(opts: ServeOptions, shutdown: impl Future<Output = ()> + Send
         .statics
         .clone()
         .map(|statics| AbortOnDrop(tokio::spawn(run_discovery(driver.clone(), statics))));
-    let _orphans = opts
-        .config
-        .orphans
-        .clone()
-        .map(|cfg| AbortOnDrop(tokio::spawn(run_orphans(driver.clone(), cfg))));
+    let _orphans = opts.config.orphans.clone().map(|cfg| {
+        AbortOnDrop(tokio::spawn(run_orphans(
+            driver.clone(),
+            cfg,
+            opts.namespace.clone(),
+            opts.kube_api.clone(),
+        )))
+    });
+    let _storage = AbortOnDrop(tokio::spawn(publish_storage(
+        driver.clone(),
+        opts.kube_api.clone(),
+    )));
     let router = Server::builder()
         .add_service(IdentityServer::new(IdentityService::new(driver.clone())))
         .add_service(ControllerServer::new(ControllerService::new(
@@ -186,13 +199,74 @@ async fn run_discovery(driver: Arc<Driver>, statics: Arc<crate::discovery::node:
     }
 }
 
-/// Reports (or reclaims) volumes no PV refers to, once there is a cluster.
-async fn run_orphans(driver: Arc<Driver>, cfg: crate::orphans::OrphansConfig) {
-    use crate::k8s::in_cluster_client;
+/// The client of the node plugin's cluster tasks: the in-cluster config,
+/// or the explicit `--kube-api` URL.
+async fn cluster_client(kube_api: Option<&str>) -> std::result::Result<kube::Client, String> {
+    match kube_api {
+        None => crate::k8s::in_cluster_client().await,
+        Some(url) => {
+            let uri: http::Uri = url
+                .parse()
+                .map_err(|e| format!("--kube-api {url:?}: {e}"))?;
+            kube::Client::try_from(kube::Config::new(uri))
+                .map_err(|e| format!("kubernetes client: {e}"))
+        }
+    }
+}
+
+/// Publishes the pools' storage identities on this node's CSINode (the
+/// annotation `<driver>/storage`, see `k8s::lost`), once per start; retried
+/// until the CSINode exists (kubelet creates it) and a cluster answers.
+async fn publish_storage(driver: Arc<Driver>, kube_api: Option<String>) {
+    let ids: std::collections::BTreeMap<String, crate::ids::StorageId> = driver
+        .pools
+        .iter()
+        .filter_map(|p| Some((p.name().to_string(), p.storage_id()?.clone())))
+        .collect();
+    for (pool, id) in &ids {
+        tracing::info!(%pool, storage = %id, "pool storage identity");
+    }
+    let mut warned = false;
     loop {
-        match in_cluster_client().await {
+        let res = match cluster_client(kube_api.as_deref()).await {
             Ok(client) => {
-                let o = crate::orphans::Orphans::new(driver, cfg);
+                crate::k8s::lost::annotate_csinode(&client, &driver.name, &driver.node_id, &ids)
+                    .await
+                    .map_err(|e| e.to_string())
+            }
+            Err(e) => Err(e),
+        };
+        match res {
+            Ok(()) => {
+                tracing::info!(node = %driver.node_id, annotation = %crate::k8s::lost::storage_annotation(&driver.name),
+                    "storage identities published on the CSINode");
+                return;
+            }
+            Err(e) if !warned => {
+                tracing::info!(error = %e, "storage identities not published on the CSINode yet (retrying)");
+                warned = true;
+            }
+            Err(e) => tracing::debug!(error = %e, "storage identities not published yet"),
+        }
+        tokio::time::sleep(STORAGE_RETRY).await;
+    }
+}
+
+/// How often [`publish_storage`] retries.
+const STORAGE_RETRY: std::time::Duration = std::time::Duration::from_secs(20);
+
+/// Reports (or reclaims) volumes no PV refers to, once there is a cluster.
+async fn run_orphans(
+    driver: Arc<Driver>,
+    cfg: crate::orphans::OrphansConfig,
+    namespace: String,
+    kube_api: Option<String>,
+) {
+    loop {
+        match cluster_client(kube_api.as_deref()).await {
+            Ok(client) => {
+                let o = crate::orphans::Orphans::new(driver, cfg)
+                    .with_cluster(client.clone(), &namespace);
                 Arc::new(o).run(client, DISCOVERY_INTERVAL * 5).await;
                 return;
             }

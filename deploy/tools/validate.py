@@ -213,12 +213,15 @@ RBAC = sidecar_rbac()
 # localvol's own roles are derived from its code (code_rbac below): the
 # kube API calls of src/controller/ (`localvol controller`), of
 # src/discovery/ and src/orphans.rs (`localvol serve` with discovery/orphans),
-# and of src/k8s/room.rs (`localvol serve`: ControllerExpandVolume, which
-# the resizer calls, reads a remote volume's PV and capacity).
+# of src/k8s/room.rs (`localvol serve`: ControllerExpandVolume, which
+# the resizer calls, reads a remote volume's PV and capacity), and of
+# src/k8s/lost.rs (`localvol serve`, always: its storage identities on its
+# CSINode, its node's lost record read by the orphan pass).
 CODE_ROLES = {
     "controller": ["src/controller"],
     "discovery": ["src/discovery", "src/orphans.rs"],
     "expansion": ["src/k8s/room.rs"],
+    "storage": ["src/k8s/lost.rs"],
 }
 # k8s-openapi type -> (apiGroup, resource).
 KUBE_TYPES = {
@@ -228,12 +231,17 @@ KUBE_TYPES = {
     "StorageClass": ("storage.k8s.io", "storageclasses"),
     "CSIStorageCapacity": ("storage.k8s.io", "csistoragecapacities"),
     "Lease": ("coordination.k8s.io", "leases"),
+    "ConfigMap": ("", "configmaps"),
+    "CSINode": ("storage.k8s.io", "csinodes"),
 }
 # Granted by a Role in the release namespace instead of the ClusterRole, by
 # role: the controller's Lease (--lease-namespace=$(POD_NAMESPACE)); the
 # CSIStorageCapacities expansion reads (Api::default_namespaced: the pod's
-# own namespace, where its provisioner writes them).
-NAMESPACED_TYPES = {("controller", "Lease"), ("expansion", "CSIStorageCapacity")}
+# own namespace, where its provisioner writes them); the lost records
+# (ConfigMaps in the release namespace: the controller's --lease-namespace,
+# the node plugin's --namespace, both $(POD_NAMESPACE)).
+NAMESPACED_TYPES = {("controller", "Lease"), ("expansion", "CSIStorageCapacity"),
+                    ("controller", "ConfigMap"), ("storage", "ConfigMap")}
 # kube::Api methods -> the verb each request needs.
 API_VERBS = {
     "get": "get", "get_opt": "get", "get_metadata": "get", "get_metadata_opt": "get",
@@ -958,7 +966,7 @@ def check_rbac(render, docs, ds, sidecars, api_user=False, controller=None):
                 f"{render}: the controller has its own ServiceAccount {ns}/{csa}")
     roles = {}
     for d in by_kind(docs, "ClusterRole") + by_kind(docs, "Role"):
-        m = re.search(r"-(provisioner|resizer|snapshotter|controller|discovery|expansion)$", d["metadata"]["name"])
+        m = re.search(r"-(provisioner|resizer|snapshotter|controller|discovery|expansion|storage)$", d["metadata"]["name"])
         if not R.check(m is not None, f"{render}: {d['kind']} {d['metadata']['name']} is a known role"):
             continue
         key = (d["kind"], m.group(1))
@@ -993,6 +1001,8 @@ def check_rbac(render, docs, ds, sidecars, api_user=False, controller=None):
     # room check.
     needed |= {("ClusterRole", "expansion"), ("Role", "expansion")} if "csi-resizer" in sidecars else set()
     needed |= {("ClusterRole", "discovery")} if api_user else set()
+    # Every node plugin publishes its storage identity and reads its lost record.
+    needed |= {("ClusterRole", "storage"), ("Role", "storage")}
     needed |= {("ClusterRole", "controller"), ("Role", "controller")} if controller is not None else set()
     R.check(set(roles) == needed, f"{render}: roles match the sidecars present ({len(needed)})",
             f"present {sorted(roles)}, needed {sorted(needed)}")

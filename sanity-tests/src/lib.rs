@@ -34,6 +34,7 @@ pub use localvol::csi::volume_capability::access_mode::Mode as AccessMode;
 
 pub mod faults;
 mod lvm_fx;
+pub mod replace;
 pub use lvm_fx::LvmFx;
 
 /// The topology key every localvol volume and node carries.
@@ -202,6 +203,9 @@ pub struct DriverOpts {
     /// Extra environment of the driver process (e.g. a `PATH` that puts
     /// fault-injecting wrappers of `lvm` or `mkfs` first: `tests/vm_faults.rs`).
     pub env: Vec<(String, String)>,
+    /// Extra `localvol serve` arguments (e.g. `--kube-api URL`:
+    /// [`replace`]).
+    pub args: Vec<String>,
 }
 
 impl Default for DriverOpts {
@@ -219,6 +223,7 @@ impl Default for DriverOpts {
             extra_config: String::new(),
             metrics_addr: None,
             env: Vec::new(),
+            args: Vec::new(),
         }
     }
 }
@@ -507,6 +512,7 @@ impl Driver {
         if let Some(a) = &self.opts.metrics_addr {
             cmd.arg("--metrics-addr").arg(a);
         }
+        cmd.args(&self.opts.args);
         // Plain text in the log file.
         cmd.env("NO_COLOR", "1");
         if std::env::var_os("RUST_LOG").is_none() {

@@ -62,12 +62,13 @@ fn assert_pool_holds(d: &Driver, ids: &BTreeSet<String>, retired_ok: bool, when:
         );
     }
     // Beside volumes/, only the pool's own dir for deleted volumes, and that
-    // one empty.
+    // one empty, and the pool's id file (no temp file of it: a kill while
+    // it was first written leaves one, which the next start removes).
     let pool = d.pool_dir("default");
     let top = entries(&pool);
     for e in &top {
         assert!(
-            e == "volumes" || e == "deleted",
+            e == "volumes" || e == "deleted" || e == ".localvol-pool-id",
             "{when}: stray entry {e:?} in the pool dir {pool:?} ({top:?})"
         );
     }

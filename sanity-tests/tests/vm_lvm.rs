@@ -1684,3 +1684,36 @@ fn metadata_percent(vg: &LoopVg) -> f64 {
     );
     out.trim().parse().expect("metadata_percent")
 }
+
+// ---------------------------------------------------------------------------
+// Node replaced vs node lost (issue 14, item 2)
+// ---------------------------------------------------------------------------
+
+/// A driver restarted on an existing VG, with `orphans: {mode: reclaim}` and
+/// a lost record naming two of its volumes (their PVs deleted by the
+/// node-loss controller), keeps those two and reclaims only the ordinary
+/// orphan (`sanity_tests::replace`). The storage identity is the VG's UUID
+/// as LVM reports it. Thick pool only: the decision does not depend on the
+/// kind, and VM time is budgeted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs device-mapper: run by make test-vm in the VM"]
+async fn restarted_on_its_vg_keeps_volumes_a_lost_record_names() {
+    let started = Instant::now();
+    let vg = LoopVg::create(512 << 20, None);
+    let opts = DriverOpts::with_lvm_pools(vec![LvmPoolOpts::new("thick", &vg.vg).reserve("64Mi")]);
+    let out = sanity_tests::replace::kept_after_node_loss(opts, "thick").await;
+    let uuid = Command::new("vgs")
+        .args(["--noheadings", "-o", "vg_uuid", &vg.vg])
+        .output()
+        .unwrap();
+    assert!(uuid.status.success(), "{uuid:?}");
+    let uuid = String::from_utf8(uuid.stdout).unwrap();
+    assert_eq!(out.storage, format!("lvm:{}", uuid.trim()));
+    for id in &out.kept {
+        assert!(vg.lv(&lv_name(id)).is_some(), "the LV of {id} is gone");
+    }
+    eprintln!(
+        "restarted_on_its_vg_keeps_volumes_a_lost_record_names: {:.1} s",
+        started.elapsed().as_secs_f64()
+    );
+}

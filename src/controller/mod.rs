@@ -19,7 +19,7 @@
 //! Nodes and PVs come from kube-runtime reflectors (with backoff); a pass
 //! reads the caches, and talks to the API only to act.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -33,10 +33,12 @@ use kube::runtime::{watcher, WatchStreamExt};
 use kube::Client;
 use tokio::sync::Mutex;
 
-use crate::ids::TOPOLOGY_KEY;
+use crate::ids::{StorageId, STORAGE_ID_KEY, TOPOLOGY_KEY};
+use crate::k8s::lost;
 
 pub mod lease;
 pub mod nodeloss;
+mod record;
 
 #[derive(Debug, thiserror::Error)]
 pub enum ControllerError {
@@ -52,18 +54,28 @@ pub struct PassReport {
     pub released_finalizers: Vec<String>,
     pub deleted_pvcs: Vec<String>,
     pub deleted_capacities: Vec<String>,
+    /// Nodes whose lost record (`k8s::lost`) this pass added volumes to.
+    pub recorded_nodes: Vec<String>,
 }
 
 pub struct NodeLoss {
     client: Client,
     driver: String,
+    /// Where the lost records live (the controller's namespace).
+    namespace: String,
     grace: Duration,
     recorder: Recorder,
     missing: Mutex<nodeloss::MissingNodes>,
 }
 
 impl NodeLoss {
-    pub fn new(client: Client, driver: &str, identity: &str, grace: Duration) -> Self {
+    pub fn new(
+        client: Client,
+        driver: &str,
+        identity: &str,
+        namespace: &str,
+        grace: Duration,
+    ) -> Self {
         let reporter = Reporter {
             controller: "localvol-controller".into(),
             instance: Some(identity.to_owned()),
@@ -72,6 +84,7 @@ impl NodeLoss {
             recorder: Recorder::new(client.clone(), reporter),
             client,
             driver: driver.to_owned(),
+            namespace: namespace.to_owned(),
             grace,
             missing: Mutex::default(),
         }
@@ -104,13 +117,65 @@ impl NodeLoss {
             .lock()
             .await
             .update(now, &existing, &pinned, self.grace);
-        for pv in nodeloss::lost_pvs(&all_pvs, &self.driver, &lost) {
-            self.delete_lost_pv(pv, &mut report).await?;
+        let doomed = nodeloss::lost_pvs(&all_pvs, &self.driver, &lost);
+        let recorded = self.record_lost(&doomed, &mut report).await;
+        for pv in doomed {
+            if crate::k8s::pinned_node(pv, &self.driver).is_some_and(|n| recorded.contains(n)) {
+                self.delete_lost_pv(pv, &mut report).await?;
+            }
         }
         if !lost.is_empty() {
             self.delete_capacities(&lost, &mut report).await?;
         }
         Ok(report)
+    }
+
+    /// Writes each lost node's record (`k8s::lost`) of the PVs about to be
+    /// deleted, before any is; returns the nodes whose record holds them
+    /// all. A node whose record could not be written keeps its PVs this
+    /// pass (logged): a returning node must never find volumes whose PV was
+    /// deleted without a record of it.
+    async fn record_lost(
+        &self,
+        doomed: &[&PersistentVolume],
+        report: &mut PassReport,
+    ) -> BTreeSet<String> {
+        let mut by_node: BTreeMap<&str, Vec<(String, Option<StorageId>)>> = BTreeMap::new();
+        for pv in doomed {
+            let (Some(node), Some(csi)) = (
+                crate::k8s::pinned_node(pv, &self.driver),
+                pv.spec.as_ref().and_then(|s| s.csi.as_ref()),
+            ) else {
+                continue;
+            };
+            let id = csi
+                .volume_attributes
+                .as_ref()
+                .and_then(|a| a.get(STORAGE_ID_KEY))
+                .and_then(|s| StorageId::parse(s).ok());
+            by_node
+                .entry(node)
+                .or_default()
+                .push((csi.volume_handle.clone(), id));
+        }
+        let mut ok = BTreeSet::new();
+        for (node, volumes) in by_node {
+            match record::record(&self.client, &self.namespace, &self.driver, node, &volumes).await
+            {
+                Ok(changed) => {
+                    if changed {
+                        tracing::info!(%node, volumes = volumes.len(),
+                            record = %format!("{}/{}", self.namespace, lost::record_name(node)),
+                            "node lost: volumes recorded before their PVs are deleted");
+                        report.recorded_nodes.push(node.to_owned());
+                    }
+                    ok.insert(node.to_owned());
+                }
+                Err(e) => tracing::warn!(%node, error = %e,
+                    "node lost: could not write its lost record; its PVs are kept this pass"),
+            }
+        }
+        ok
     }
 
     async fn delete_lost_pv(
@@ -161,8 +226,10 @@ impl NodeLoss {
             EventType::Warning,
             "NodeLost",
             format!(
-                "node {node} was deleted more than {}s ago; deleting the PV",
-                self.grace.as_secs()
+                "node {node} was deleted more than {}s ago; deleting the PV (recorded in ConfigMap {}/{})",
+                self.grace.as_secs(),
+                self.namespace,
+                lost::record_name(node)
             ),
         )
         .await;
@@ -331,6 +398,7 @@ pub async fn run(client: Client, opts: ControllerOptions) -> Result<(), String> 
         client,
         &opts.driver_name,
         &opts.identity,
+        &opts.lease_namespace,
         opts.grace,
     ));
     nodes
@@ -367,5 +435,7 @@ pub async fn run(client: Client, opts: ControllerOptions) -> Result<(), String> 
     }
 }
 
+#[cfg(test)]
+mod replace_tests;
 #[cfg(test)]
 mod tests;

@@ -16,6 +16,8 @@ use crate::ids::TOPOLOGY_KEY;
 use crate::k8s::fake::{Fake, PVS};
 
 const DRIVER: &str = "localvol.csi.dev";
+/// The controller's namespace (lost records live there).
+const NS: &str = "kube-system";
 
 /// Awaits a lease call with the scenario timeout.
 async fn t(f: impl std::future::Future<Output = Result<bool, kube::Error>>) -> bool {
@@ -115,6 +117,8 @@ fn pvs_of(v: &[Value]) -> Vec<PersistentVolume> {
 }
 
 const PVCS: &str = "/api/v1/namespaces/app/persistentvolumeclaims";
+/// ConfigMaps of the controller's namespace (the lost records).
+const CMS: &str = "/api/v1/namespaces/kube-system/configmaps";
 
 /// The cluster of the deleted-node scenario: pv-a and pv-b on the deleted
 /// node "gone" (claim-a opted in, claim-b not), pv-c on the NotReady node
@@ -161,7 +165,7 @@ fn put_deleted_node_cluster(s: &Scenario) -> Vec<Value> {
 async fn scenario_deleted_node_pvs_go_after_grace_and_claims_only_when_opted_in() {
     let s = Scenario::new("node deleted: PVs after the grace period, PVCs only when opted in");
     let all = put_deleted_node_cluster(&s);
-    let nl = NodeLoss::new(s.client.clone(), DRIVER, "ctrl-0", GRACE);
+    let nl = NodeLoss::new(s.client.clone(), DRIVER, "ctrl-0", NS, GRACE);
     let nodes = store(vec![node("notready", false)]);
     let pvs = store(pvs_of(&all));
     let t0 = Instant::now();
@@ -184,9 +188,13 @@ async fn scenario_deleted_node_pvs_go_after_grace_and_claims_only_when_opted_in(
     assert_eq!(r.deleted_pvs, ["pv-a", "pv-b"]);
     assert_eq!(r.deleted_pvcs, ["app/claim-a"]);
     assert_eq!(r.deleted_capacities, ["kube-system/cap-gone"]);
+    assert_eq!(r.recorded_nodes, ["gone"]);
     assert_eq!(
         s.log(),
         [
+            // The lost record first: nothing is deleted without it.
+            format!("GET {CMS}/localvol-lost.gone"),
+            format!("POST {CMS}"),
             format!("GET {PVCS}/claim-a"),
             format!("DELETE {PVCS}/claim-a"),
             "EVENT NodeLostClaimDeleted".into(),
@@ -242,7 +250,7 @@ async fn scenario_storage_class_opt_in_and_returning_nodes() {
         json!({"apiVersion": "storage.k8s.io/v1", "kind": "StorageClass", "provisioner": DRIVER,
                "metadata": {"name": "opted", "annotations": {ANN_DELETE_ON_NODE_LOSS: "true"}}}),
     );
-    let nl = NodeLoss::new(s.client.clone(), DRIVER, "ctrl-0", GRACE);
+    let nl = NodeLoss::new(s.client.clone(), DRIVER, "ctrl-0", NS, GRACE);
     let pvs = store(pvs_of(&all));
     let t0 = Instant::now();
     // Missing, then back before the grace period ran out, then missing again.
@@ -271,7 +279,7 @@ async fn pass_after_grace(s: &Scenario, nodes: Vec<Node>, pvs: &[Value]) -> Pass
     for p in pvs {
         s.put_pv(p.clone());
     }
-    let nl = NodeLoss::new(s.client.clone(), DRIVER, "ctrl-0", GRACE);
+    let nl = NodeLoss::new(s.client.clone(), DRIVER, "ctrl-0", NS, GRACE);
     let (nodes, pvs) = (store(nodes), store(pvs_of(pvs)));
     let t0 = Instant::now();
     for t in [t0, t0 + GRACE] {
@@ -314,6 +322,8 @@ async fn scenario_lost_node_pv_with_provisioner_finalizer_is_deleted() {
     assert_eq!(
         s.log(),
         [
+            format!("GET {CMS}/localvol-lost.gone"),
+            format!("POST {CMS}"),
             format!("GET {PVCS}/claim-a"),
             "EVENT NodeLost".into(),
             format!("DELETE {PVS}/pv-a"),
@@ -323,7 +333,7 @@ async fn scenario_lost_node_pv_with_provisioner_finalizer_is_deleted() {
     );
 
     // A later pass still sees it in its (stale) cache: a 404, no error.
-    let nl = NodeLoss::new(s.client.clone(), DRIVER, "ctrl-0", Duration::ZERO);
+    let nl = NodeLoss::new(s.client.clone(), DRIVER, "ctrl-0", NS, Duration::ZERO);
     let r = tokio::time::timeout(
         TIMEOUT,
         nl.pass(Instant::now(), &store(vec![]), &store(pvs_of(&[lost]))),
@@ -353,7 +363,7 @@ async fn scenario_finalizer_moved_before_the_patch_is_retried_next_pass() {
     );
     // The next pass (its cache still has the PV as first read) deletes again
     // and patches what that DELETE returned: only our finalizer goes.
-    let nl = NodeLoss::new(s.client.clone(), DRIVER, "ctrl-0", Duration::ZERO);
+    let nl = NodeLoss::new(s.client.clone(), DRIVER, "ctrl-0", NS, Duration::ZERO);
     let r = tokio::time::timeout(
         TIMEOUT,
         nl.pass(Instant::now(), &store(vec![]), &store(pvs_of(&[lost]))),

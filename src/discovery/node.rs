@@ -130,6 +130,9 @@ impl Pool for StaticPool {
     fn backend(&self) -> &'static str {
         "static"
     }
+    fn storage_id(&self) -> Option<&crate::ids::StorageId> {
+        None
+    }
     fn supports(&self, _access: AccessType) -> bool {
         false
     }

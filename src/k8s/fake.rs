@@ -10,7 +10,8 @@
 //! new PV gets phase Pending), PUT (resourceVersion must match), DELETE (a uid
 //! precondition must match) and JSON-patch PATCH (RFC 6902, `test` included;
 //! a failed operation is 422 Invalid, as the API server answers) of single
-//! objects; Events (logged as `EVENT <reason>`). Finalizers hold as in the API
+//! objects, and JSON merge patches (RFC 7386) of existing ones; Events
+//! (logged as `EVENT <reason>`). Finalizers hold as in the API
 //! server: DELETE of an object that has some only sets its
 //! `deletionTimestamp`, and the object goes when a PATCH takes the last one
 //! off. Anything else is logged as `UNEXPECTED` and answered 500.
@@ -20,6 +21,7 @@ use std::sync::{Arc, Mutex};
 
 use http::{Request, Response};
 use kube::client::Body;
+#[cfg(test)]
 use kube::Client;
 use serde_json::{json, Value};
 
@@ -62,13 +64,48 @@ impl FakeApi {
     }
 }
 
+/// The fake served over plain HTTP/1.1 on `listener`, for a driver process
+/// started with `--kube-api http://<addr>` (the VM tests); runs until the
+/// returned task is aborted.
+#[cfg(feature = "fake-api")]
+pub fn serve_http(
+    listener: tokio::net::TcpListener,
+    api: Arc<Mutex<FakeApi>>,
+) -> tokio::task::JoinHandle<()> {
+    use http_body_util::BodyExt;
+    tokio::spawn(async move {
+        loop {
+            let Ok((stream, _)) = listener.accept().await else {
+                continue;
+            };
+            let api = api.clone();
+            tokio::spawn(async move {
+                let svc = hyper::service::service_fn(move |req: Request<hyper::body::Incoming>| {
+                    let api = api.clone();
+                    async move {
+                        let (parts, body) = req.into_parts();
+                        let bytes = body.collect().await?.to_bytes();
+                        let req = Request::from_parts(parts, Body::from(bytes.to_vec()));
+                        Ok::<_, hyper::Error>(handle(&api, req).await)
+                    }
+                });
+                let _ = hyper::server::conn::http1::Builder::new()
+                    .serve_connection(hyper_util::rt::TokioIo::new(stream), svc)
+                    .await;
+            });
+        }
+    })
+}
+
 /// A running fake and a client of it; the server task stops on drop.
+#[cfg(test)]
 pub struct Fake {
     pub client: Client,
     pub api: Arc<Mutex<FakeApi>>,
     server: tokio::task::JoinHandle<()>,
 }
 
+#[cfg(test)]
 impl Fake {
     pub fn start() -> Fake {
         let (svc, mut h) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
@@ -107,6 +144,7 @@ impl Fake {
     }
 }
 
+#[cfg(test)]
 impl Drop for Fake {
     fn drop(&mut self) {
         self.server.abort();
@@ -239,6 +277,7 @@ async fn handle(api: &Mutex<FakeApi>, req: Request<Body>) -> Response<Body> {
         },
         "DELETE" => api.delete(path, &body),
         "PATCH" if content_type == "application/json-patch+json" => api.json_patch(path, body),
+        "PATCH" if content_type == "application/merge-patch+json" => api.merge_patch(path, body),
         "POST" => api.create(&path, body),
         "PUT" => api.update(path, body),
         _ => {
@@ -324,6 +363,18 @@ impl FakeApi {
         } else {
             self.objects.insert(path, o.clone());
         }
+        respond(200, &o)
+    }
+
+    /// A JSON merge patch (RFC 7386) of an existing object.
+    fn merge_patch(&mut self, path: String, body: Value) -> Response<Body> {
+        let Some(old) = self.objects.get(&path) else {
+            return respond(404, &status(404, "NotFound"));
+        };
+        let mut o = old.clone();
+        json_patch::merge(&mut o, &body);
+        self.bump_rv(&mut o);
+        self.objects.insert(path, o.clone());
         respond(200, &o)
     }
 

@@ -4,8 +4,9 @@
 //! free space ([`room`]). (`discovery/` and `controller/` hold what each does
 //! with them.)
 
-#[cfg(test)]
+#[cfg(any(test, feature = "fake-api"))]
 pub mod fake;
+pub mod lost;
 pub mod room;
 
 use k8s_openapi::api::core::v1::PersistentVolume;

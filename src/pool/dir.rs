@@ -42,7 +42,7 @@ use super::{
 use crate::config::{DirPoolConfig, QuotaMode, DEFAULT_VOLUME_SIZE};
 use crate::error::{blocking, IoContext};
 use crate::fsutil::{self, FsStats};
-use crate::ids::{PoolName, VolumeId, VolumeKey};
+use crate::ids::{PoolName, StorageId, VolumeId, VolumeKey};
 use crate::mount::MountTable;
 use crate::quota::Quotas;
 
@@ -76,6 +76,8 @@ pub struct DirPool {
     /// check tells the directory the records came from from another one at
     /// the same path (the pool's filesystem unmounted, the tree replaced).
     volumes_identity: (u64, u64),
+    /// What this pool's storage is (`dir:<id>` from [`POOL_ID_FILE`]).
+    storage: StorageId,
     /// `<path>/deleted`, when it is on the same filesystem as `volumes/`;
     /// without it records are unlinked.
     spare_dir: Option<PathBuf>,
@@ -329,6 +331,45 @@ fn dir_health(dir: &Path, opened: (u64, u64)) -> Health {
     }
 }
 
+/// The file under a dir pool's path that holds its storage identity: 32 hex
+/// digits, random, written once ([`fsutil::create_once`]) when the pool is
+/// first opened and never changed, so the pool keeps it across reinstalls of
+/// the node as long as its directory (its disk) survives.
+pub const POOL_ID_FILE: &str = ".localvol-pool-id";
+
+/// The pool's storage identity, created on first open.
+fn storage_id(pool: &PoolName, root: &Path) -> Result<StorageId> {
+    let mut random = [0u8; 16];
+    std::io::Read::read_exact(
+        &mut fs::File::open("/dev/urandom").ctx(|| "opening /dev/urandom".to_owned())?,
+        &mut random,
+    )
+    .ctx(|| "reading /dev/urandom".to_owned())?;
+    let hex: String = random.iter().map(|b| format!("{b:02x}")).collect();
+    let path = root.join(POOL_ID_FILE);
+    // Temp files of a first write cut short (create_once's `.<name>.tmp.*`).
+    let tmp_prefix = format!(".{POOL_ID_FILE}.tmp.");
+    for e in fs::read_dir(root).ctx(|| format!("reading {root:?}"))? {
+        let e = e.ctx(|| format!("reading {root:?}"))?;
+        let stale = e
+            .file_name()
+            .to_str()
+            .is_some_and(|n| n.starts_with(&tmp_prefix))
+            && e.file_type().is_ok_and(|t| t.is_file());
+        if stale {
+            fs::remove_file(e.path()).ctx(|| format!("removing {:?}", e.path()))?;
+        }
+    }
+    let raw = fsutil::create_once(&path, format!("{hex}\n").as_bytes())?;
+    let text = String::from_utf8_lossy(&raw);
+    StorageId::parse(&format!("dir:{}", text.trim())).map_err(|e| PoolError::Misconfigured {
+        pool: pool.to_string(),
+        why: format!(
+            "{path:?} holds no pool id ({e}); remove it only if this is a new, empty pool"
+        ),
+    })
+}
+
 /// The volume's deterministic sequence of candidate project ids.
 fn project_candidates(key: &VolumeKey) -> impl Iterator<Item = u32> {
     let start = u32::from_str_radix(&key.as_str()[..8], 16).unwrap_or(0) % PROJECT_SPAN;
@@ -354,36 +395,38 @@ impl DirPool {
             device: _,
         } = cfg;
         let pool_name = name.clone();
-        let (root, volumes, quotas, unenforced_reason, spare_dir, ident) = blocking(move || {
-            fs::create_dir_all(&path).ctx(|| format!("pool {pool_name}: creating {path:?}"))?;
-            let root =
-                fs::canonicalize(&path).ctx(|| format!("pool {pool_name}: resolving {path:?}"))?;
-            let volumes_dir = root.join("volumes");
-            fsutil::ensure_dir(&volumes_dir, 0o700)?;
-            let md = fs::metadata(&volumes_dir)
-                .ctx(|| format!("pool {pool_name}: reading {volumes_dir:?}"))?;
-            let identity = (md.dev(), md.ino());
-            let volumes = load_records(&pool_name, &volumes_dir)?;
-            let spare_dir = open_spare_dir(&pool_name, &root.join(SPARE_DIR), &volumes_dir)?;
-            let (quotas, reason) = match quota {
-                QuotaMode::Off => (None, Some("quota: off".to_owned())),
-                QuotaMode::Auto | QuotaMode::Required => match Quotas::open(&volumes_dir) {
-                    Ok(q) => (Some(Arc::new(q)), None),
-                    Err(e) if quota == QuotaMode::Required => {
-                        return Err(PoolError::Misconfigured {
-                            pool: pool_name.to_string(),
-                            why: format!("quota: required, but {e}"),
-                        })
-                    }
-                    Err(e) => (None, Some(e.to_string())),
-                },
-            };
-            if let Some(q) = &quotas {
-                apply_recorded_limits(&pool_name, q, &volumes)?;
-            }
-            Ok((root, volumes, quotas, reason, spare_dir, identity))
-        })
-        .await?;
+        let (root, volumes, quotas, unenforced_reason, spare_dir, ident, storage) =
+            blocking(move || {
+                fs::create_dir_all(&path).ctx(|| format!("pool {pool_name}: creating {path:?}"))?;
+                let root = fs::canonicalize(&path)
+                    .ctx(|| format!("pool {pool_name}: resolving {path:?}"))?;
+                let storage = storage_id(&pool_name, &root)?;
+                let volumes_dir = root.join("volumes");
+                fsutil::ensure_dir(&volumes_dir, 0o700)?;
+                let md = fs::metadata(&volumes_dir)
+                    .ctx(|| format!("pool {pool_name}: reading {volumes_dir:?}"))?;
+                let identity = (md.dev(), md.ino());
+                let volumes = load_records(&pool_name, &volumes_dir)?;
+                let spare_dir = open_spare_dir(&pool_name, &root.join(SPARE_DIR), &volumes_dir)?;
+                let (quotas, reason) = match quota {
+                    QuotaMode::Off => (None, Some("quota: off".to_owned())),
+                    QuotaMode::Auto | QuotaMode::Required => match Quotas::open(&volumes_dir) {
+                        Ok(q) => (Some(Arc::new(q)), None),
+                        Err(e) if quota == QuotaMode::Required => {
+                            return Err(PoolError::Misconfigured {
+                                pool: pool_name.to_string(),
+                                why: format!("quota: required, but {e}"),
+                            })
+                        }
+                        Err(e) => (None, Some(e.to_string())),
+                    },
+                };
+                if let Some(q) = &quotas {
+                    apply_recorded_limits(&pool_name, q, &volumes)?;
+                }
+                Ok((root, volumes, quotas, reason, spare_dir, identity, storage))
+            })
+            .await?;
         match &unenforced_reason {
             None => tracing::info!(pool = %name, root = ?root, volumes = volumes.len(),
                 "dir pool loaded; sizes enforced by project quotas"),
@@ -402,6 +445,7 @@ impl DirPool {
             state: Arc::new(Mutex::new(State::new(volumes))),
             volumes_identity: ident,
             spare_dir,
+            storage,
         })
     }
 
@@ -654,6 +698,10 @@ impl Pool for DirPool {
 
     fn backend(&self) -> &'static str {
         "dir"
+    }
+
+    fn storage_id(&self) -> Option<&StorageId> {
+        Some(&self.storage)
     }
 
     fn supports(&self, access: AccessType) -> bool {
@@ -980,6 +1028,36 @@ mod tests {
             parameters: Default::default(),
             encryption: None,
         }
+    }
+
+    #[tokio::test]
+    async fn storage_id_is_written_once_and_kept_across_opens() {
+        let d = tempfile::tempdir().unwrap();
+        // A temp file of a first write a crash cut short.
+        let stale = d.path().join(format!(".{POOL_ID_FILE}.tmp.1.0"));
+        fs::write(&stale, b"partial").unwrap();
+        let pool = DirPool::open(cfg(d.path(), QuotaMode::Off)).await.unwrap();
+        let id = pool.storage_id().unwrap().clone();
+        let file = fs::read_to_string(d.path().join(POOL_ID_FILE)).unwrap();
+        assert_eq!(id.as_str(), format!("dir:{}", file.trim()));
+        assert_eq!(file.trim().len(), 32);
+        assert!(!stale.exists(), "the stale temp file is removed");
+        drop(pool);
+        let again = DirPool::open(cfg(d.path(), QuotaMode::Off)).await.unwrap();
+        assert_eq!(again.storage_id(), Some(&id));
+        // Another pool directory, another identity.
+        let other = tempfile::tempdir().unwrap();
+        let o = DirPool::open(cfg(other.path(), QuotaMode::Off))
+            .await
+            .unwrap();
+        assert_ne!(o.storage_id(), Some(&id));
+        // A file that holds no id stops the pool instead of being replaced.
+        fs::write(other.path().join(POOL_ID_FILE), b"../x\n").unwrap();
+        drop(o);
+        assert!(matches!(
+            DirPool::open(cfg(other.path(), QuotaMode::Off)).await,
+            Err(PoolError::Misconfigured { .. })
+        ));
     }
 
     #[tokio::test]

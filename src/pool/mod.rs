@@ -12,7 +12,7 @@ use serde::{Deserialize, Serialize};
 use crate::blockdev::FsType;
 use crate::config::{Config, PoolConfig};
 pub use crate::crypt::Encryption;
-use crate::ids::{PoolName, VolumeId, VolumeName};
+use crate::ids::{PoolName, StorageId, VolumeId, VolumeName};
 
 pub mod dir;
 pub mod disks;
@@ -392,6 +392,10 @@ pub trait Pool: NodeSide {
     fn name(&self) -> &PoolName;
     /// Short backend name for logs and `client capacity` (`dir`, `lvm`).
     fn backend(&self) -> &'static str;
+    /// What the pool's storage is (a VG's UUID, a dir pool's id file), read
+    /// when it was opened; None for what has no such identity (static
+    /// discovery's disks).
+    fn storage_id(&self) -> Option<&StorageId>;
     fn supports(&self, access: AccessType) -> bool;
     /// Whether expansion happens in NodeExpandVolume (the node holds the
     /// device) rather than in ControllerExpandVolume.

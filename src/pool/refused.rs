@@ -54,6 +54,10 @@ impl Pool for RefusedPool {
     fn backend(&self) -> &'static str {
         self.backend
     }
+    /// Not opened: its storage is not known (and not announced).
+    fn storage_id(&self) -> Option<&crate::ids::StorageId> {
+        None
+    }
     fn supports(&self, _access: AccessType) -> bool {
         true
     }

@@ -11,7 +11,7 @@ use super::{bytes, decode_capabilities, decode_params, rpc, to_i64, Capability, 
 use crate::csi;
 use crate::csi::controller_service_capability::{rpc::Type as RpcType, Rpc, Type as CapType};
 
-use crate::ids::{truncate, ParsedId, PoolName, VolumeId, VolumeName};
+use crate::ids::{truncate, ParsedId, PoolName, VolumeId, VolumeName, STORAGE_ID_KEY};
 use crate::k8s::room::{Room, Verdict};
 use crate::pool::{
     AccessType, CapacityRange, ContentSource, CreateRequest, Pool, PoolError, Snapshot,
@@ -177,11 +177,18 @@ impl ControllerService {
         })
     }
 
+    /// The volume as CSI has it; its context names the storage it lives on
+    /// ([`STORAGE_ID_KEY`]), which the PV keeps in its volume attributes.
     fn to_csi(&self, v: &Volume) -> csi::Volume {
+        let storage = PoolName::parse(&v.pool)
+            .ok()
+            .and_then(|p| self.driver.pools.get(&p))
+            .and_then(|p| p.storage_id())
+            .map(|s| (STORAGE_ID_KEY.to_owned(), s.to_string()));
         csi::Volume {
             capacity_bytes: to_i64(v.size_bytes),
             volume_id: v.id.clone(),
-            volume_context: HashMap::new(),
+            volume_context: storage.into_iter().collect(),
             content_source: None,
             accessible_topology: vec![super::topology(&self.driver)],
         }

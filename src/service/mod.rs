@@ -15,7 +15,7 @@ pub use crate::driver::{Driver, TOPOLOGY_KEY};
 
 /// What every handler and decoder here returns: the code is chosen here.
 pub type Result<T, E = Status> = std::result::Result<T, E>;
-use crate::ids::{truncate, PoolName};
+use crate::ids::{truncate, PoolName, StorageId, STORAGE_ID_KEY};
 use crate::pool::{AccessMode, AccessType, Encryption};
 
 pub mod controller;
@@ -211,6 +211,37 @@ pub fn decode_ephemeral(ctx: &HashMap<String, String>) -> Result<EphemeralAttrs>
     })?;
     params.kept.insert(ATTR_SIZE.to_owned(), size.to_string());
     Ok(EphemeralAttrs { params, size })
+}
+
+/// The storage identity a volume's context names ([`STORAGE_ID_KEY`]: the
+/// PV's volume attributes, set from CreateVolume's answer or by an operator
+/// re-adopting a volume), if any; malformed is INVALID_ARGUMENT.
+pub fn decode_storage_id(ctx: &HashMap<String, String>) -> Result<Option<StorageId>> {
+    ctx.get(STORAGE_ID_KEY)
+        .map(|v| {
+            StorageId::parse(v).map_err(|e| {
+                Status::invalid_argument(format!("volume attribute {STORAGE_ID_KEY}: {e}"))
+            })
+        })
+        .transpose()
+}
+
+/// A volume whose context names other storage than the pool it was found
+/// in is not this volume (its disks were replaced; an id matched by
+/// chance): FAILED_PRECONDITION, nothing mounted.
+pub fn check_storage(
+    id: &crate::ids::VolumeId,
+    pool: &dyn crate::pool::Pool,
+    want: Option<&StorageId>,
+) -> Result<()> {
+    match (want, pool.storage_id()) {
+        (Some(want), Some(have)) if want != have => Err(Status::failed_precondition(format!(
+            "volume {id} was created on storage {want}; pool {} of this node is {have} \
+             (the node's disks were replaced?)",
+            pool.name()
+        ))),
+        _ => Ok(()),
+    }
 }
 
 /// Converts a CSI byte count (int64) to u64; negative is INVALID_ARGUMENT.

@@ -363,7 +363,9 @@ impl csi::node_server::Node for NodeService {
             // Decoded now, required below once the volume is known to be
             // encrypted (other volumes ignore it).
             let key = req.secrets.get(KEY_FIELD).map(|v| Key::new(v.as_bytes()));
+            let storage = super::decode_storage_id(&req.volume_context)?;
             let (id, pool, vol) = self.driver.require("volume_id", &req.volume_id).await?;
+            super::check_storage(&id, pool.as_ref(), storage.as_ref())?;
             check_access_type(&cap, &vol)?;
             let enc = pool.encrypted(&vol)?;
             let key = match (&enc, key) {
@@ -505,6 +507,7 @@ impl csi::node_server::Node for NodeService {
             if super::is_ephemeral(&req.volume_context) {
                 return self.publish_ephemeral(&req, target, cap).await;
             }
+            let storage = super::decode_storage_id(&req.volume_context)?;
             // Raw block volumes are published from the device and need no
             // staging path; any given is still checked.
             let staging = match req.staging_target_path.as_str() {
@@ -518,6 +521,7 @@ impl csi::node_server::Node for NodeService {
                 )));
             }
             let (id, pool, vol) = self.driver.require("volume_id", &req.volume_id).await?;
+            super::check_storage(&id, pool.as_ref(), storage.as_ref())?;
             check_access_type(&cap, &vol)?;
             let src = pool.source(&vol)?;
             let opts = mount_options(&cap, &src)?;

@@ -34,7 +34,7 @@ use super::{
 use crate::blockdev::FsType;
 use crate::config::{LvmPoolConfig, DEFAULT_THIN_FULL_PERCENT, DEFAULT_VOLUME_SIZE};
 use crate::crypt;
-use crate::ids::{PoolName, VolumeId, VolumeKey};
+use crate::ids::{PoolName, StorageId, VolumeId, VolumeKey};
 use crate::lvm::{self, LvInfo, LvmError, NewLv};
 
 mod args;
@@ -77,6 +77,8 @@ pub struct LvmPool {
     /// Thin pools need none: the thin pool zeroes every block it
     /// provisions (checked in `health.rs`).
     wiper: Option<Wiper>,
+    /// `lvm:<VG UUID>`, read once the VG was found at open.
+    storage: Option<StorageId>,
 }
 
 impl LvmPool {
@@ -103,6 +105,7 @@ impl LvmPool {
             copies: Arc::default(),
             health: HealthCache::default(),
             wiper: None,
+            storage: None,
         };
         if let Health::Unusable(why) = pool.check_now().await {
             return Err(PoolError::Misconfigured {
@@ -110,6 +113,19 @@ impl LvmPool {
                 why: why.to_string(),
             });
         }
+        let uuid = lvm::vg(&pool.vg)
+            .await
+            .map_err(|e| PoolError::Misconfigured {
+                pool: pool.name.to_string(),
+                why: format!("reading the UUID of volume group {}: {e}", pool.vg),
+            })?
+            .uuid;
+        pool.storage = Some(StorageId::parse(&format!("lvm:{uuid}")).map_err(|e| {
+            PoolError::Misconfigured {
+                pool: pool.name.to_string(),
+                why: format!("volume group {}: {e}", pool.vg),
+            }
+        })?);
         if pool.thin.is_none() {
             let rate = cfg_rate.map(|r| r.0);
             pool.wiper = Some(Wiper::start(&pool.vg, &pool.name, rate));
@@ -243,6 +259,10 @@ impl LvmPool {
 impl Pool for LvmPool {
     fn name(&self) -> &PoolName {
         &self.name
+    }
+
+    fn storage_id(&self) -> Option<&StorageId> {
+        self.storage.as_ref()
     }
 
     fn backend(&self) -> &'static str {

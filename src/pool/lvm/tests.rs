@@ -28,6 +28,7 @@ fn pool(name: &str, thin: Option<&str>) -> LvmPool {
         alloc: tokio::sync::Mutex::new(()),
         health: HealthCache::default(),
         wiper: None,
+        storage: None,
     }
 }
 

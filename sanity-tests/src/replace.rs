@@ -1,0 +1,190 @@
+//! Node replaced vs node lost (issue 14, item 2) against the real binary:
+//! a driver restarted on its existing storage, with `orphans: {mode:
+//! reclaim}` and a lost record naming some of its volumes, keeps those and
+//! reclaims only the others. The API server is the tests' fake
+//! (`localvol::fake_api`) served over HTTP, which the driver reaches through
+//! `--kube-api`. Used by `tests/node_replace.rs` (a dir pool, on the host)
+//! and `tests/vm_lvm.rs` (a thick LVM pool on an existing VG).
+
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use localvol::fake_api::{serve_http, FakeApi};
+use serde_json::{json, Value};
+
+use crate::{Driver, DriverOpts};
+
+/// The namespace the driver reads lost records from (`--namespace`).
+pub const NAMESPACE: &str = "kube-system";
+
+/// The volume attribute that names a volume's storage.
+pub const STORAGE_KEY: &str = "storageIdentity";
+
+/// The fake API server on a local port; stops on drop.
+pub struct Api {
+    pub state: Arc<Mutex<FakeApi>>,
+    pub url: String,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Api {
+    pub async fn start() -> Api {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let url = format!("http://{}", listener.local_addr().unwrap());
+        let state = Arc::new(Mutex::new(FakeApi::default()));
+        let task = serve_http(listener, state.clone());
+        Api { state, url, task }
+    }
+
+    pub fn put(&self, path: &str, v: Value) {
+        self.state.lock().unwrap().objects.insert(path.into(), v);
+    }
+
+    pub fn get(&self, path: &str) -> Option<Value> {
+        self.state.lock().unwrap().objects.get(path).cloned()
+    }
+
+    /// Every request so far (not taken).
+    pub fn log(&self) -> Vec<String> {
+        self.state.lock().unwrap().log.clone()
+    }
+}
+
+impl Drop for Api {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+/// The ConfigMap path of `node`'s lost record.
+pub fn record_path(node: &str) -> String {
+    format!("/api/v1/namespaces/{NAMESPACE}/configmaps/localvol-lost.{node}")
+}
+
+/// A lost record as the node-loss controller writes it (README, "Node
+/// replaced vs node lost"): one `<handle> <storage identity>` a line.
+pub fn lost_record(node: &str, volumes: &[(&str, &str)]) -> Value {
+    let lines: String = volumes.iter().map(|(h, s)| format!("{h} {s}\n")).collect();
+    json!({
+        "apiVersion": "v1", "kind": "ConfigMap",
+        "metadata": {"name": format!("localvol-lost.{node}"), "namespace": NAMESPACE},
+        "data": {"node": node, "driver": "localvol.csi.dev", "volumes": lines},
+    })
+}
+
+/// What [`kept_after_node_loss`] found, for checks of the caller's own.
+pub struct Outcome {
+    /// The pool's storage identity (from CreateVolume's volume context).
+    pub storage: String,
+    pub kept: Vec<String>,
+}
+
+/// The scenario on the driver's default pool (which `opts` sets up):
+/// volumes `lost-a` and `lost-b` (their PVs deleted by the node-loss
+/// controller, so listed in the lost record) and `plain` (an ordinary
+/// orphan); the driver restarts with orphan reclaim and the API. `plain` is
+/// reclaimed (reclaim does run), the other two stay, each with an Event,
+/// and the CSINode gets the pool's identity.
+pub async fn kept_after_node_loss(opts: DriverOpts, pool: &str) -> Outcome {
+    let mut d = Driver::start(opts).await;
+    let mut ids = Vec::new();
+    let mut storage = None;
+    for name in ["pvc-lost-a", "pvc-lost-b", "pvc-plain"] {
+        let v = d.create(name, 16 << 20).await;
+        let s = v
+            .volume_context
+            .get(STORAGE_KEY)
+            .unwrap_or_else(|| panic!("CreateVolume's volume_context has no {STORAGE_KEY}: {v:?}"))
+            .clone();
+        assert!(storage.is_none() || storage.as_ref() == Some(&s), "{s}");
+        storage = Some(s);
+        ids.push(v.volume_id);
+    }
+    let storage = storage.unwrap();
+    let node = d.opts_mut().node_id.clone();
+    let status = d.stop().await;
+    assert!(status.success(), "{status}");
+
+    let api = Api::start().await;
+    api.put(
+        &record_path(&node),
+        lost_record(&node, &[(&ids[0], &storage), (&ids[1], &storage)]),
+    );
+    let csinode = format!("/apis/storage.k8s.io/v1/csinodes/{node}");
+    api.put(
+        &csinode,
+        json!({"apiVersion": "storage.k8s.io/v1", "kind": "CSINode",
+               "metadata": {"name": node}, "spec": {"drivers": []}}),
+    );
+    {
+        let o = d.opts_mut();
+        o.extra_config
+            .push_str("orphans: {mode: reclaim, graceSeconds: 0}\n");
+        o.args.extend([
+            "--kube-api".to_owned(),
+            api.url.clone(),
+            "--namespace".to_owned(),
+            NAMESPACE.to_owned(),
+        ]);
+    }
+    d.start_again_retrying().await;
+
+    // The first orphan pass runs once the PV cache is filled.
+    let deadline = Instant::now() + Duration::from_secs(120);
+    loop {
+        let log = api.log();
+        let events = log
+            .iter()
+            .filter(|l| *l == "EVENT OrphanKeptAfterNodeLoss")
+            .count();
+        let listed: Vec<String> = d
+            .list_all()
+            .await
+            .into_iter()
+            .map(|v| v.volume_id)
+            .collect();
+        let annotated = api
+            .get(&csinode)
+            .is_some_and(|c| !c["metadata"]["annotations"]["localvol.csi.dev/storage"].is_null());
+        if events >= 2 && !listed.contains(&ids[2]) && annotated {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no orphan pass seen: events {events}, listed {listed:?}, CSINode annotated {annotated}; API log {log:?}; driver log:\n{}",
+            d.log_tail(40)
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let listed: Vec<String> = d
+        .list_all()
+        .await
+        .into_iter()
+        .map(|v| v.volume_id)
+        .collect();
+    for kept in &ids[..2] {
+        assert!(listed.contains(kept), "{kept} was reclaimed: {listed:?}");
+    }
+    let log = api.log();
+    assert!(
+        !log.iter()
+            .any(|l| l.contains("/configmaps") && !l.starts_with("GET")),
+        "the node wrote to the lost record: {log:?}"
+    );
+    let c = api.get(&csinode).unwrap();
+    let published: Value = serde_json::from_str(
+        c["metadata"]["annotations"]["localvol.csi.dev/storage"]
+            .as_str()
+            .unwrap(),
+    )
+    .unwrap();
+    assert_eq!(published, json!({pool: storage}));
+    let text = d.log_tail(400);
+    assert!(text.contains("orphan kept"), "{text}");
+    let status = d.stop().await;
+    assert!(status.success(), "{status}");
+    Outcome {
+        storage,
+        kept: ids[..2].to_vec(),
+    }
+}
