@@ -434,12 +434,28 @@ impl Pool for LvmPool {
                 why: format!("is published at {at:?}; unpublish it first"),
             });
         }
-        let dependants: Vec<String> = all
+        let (wiping, dependants): (Vec<&LvInfo>, Vec<&LvInfo>) = all
             .iter()
             .flatten()
             .filter(|l| l.is_cow_snapshot() && l.origin == lv.name)
-            .map(|l| l.name.clone())
-            .collect();
+            .partition(|l| wipe::is_wiping(l));
+        let dependants: Vec<String> = dependants.iter().map(|l| l.name.clone()).collect();
+        if dependants.is_empty() {
+            for w in wiping {
+                // A snapshot deleted moments ago stays a COW snapshot of
+                // this origin until the wiper splits it (csi-sanity deletes
+                // a snapshot, then its origin, at once): split it here; the
+                // wiper zeroes it as a plain LV. It may have split it itself
+                // meanwhile.
+                let path = self.lv_path(&w.name);
+                if let Err(e) = lvm::split_snapshot(&path).await {
+                    let now = lvm::lv(&self.vg, &w.name).await?;
+                    if now.is_some_and(|l| l.is_cow_snapshot()) {
+                        return Err(e.into());
+                    }
+                }
+            }
+        }
         if !dependants.is_empty() {
             return Err(PoolError::InUse {
                 volume: id.to_string(),
