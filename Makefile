@@ -93,7 +93,7 @@ upstream-sanity:
 # boot (vm/run: 124/125).
 VM_TESTS        ?= $(sort $(basename $(notdir $(wildcard sanity-tests/tests/vm_*.rs))))
 # Whole VM run, all binaries (a safety net: vm/run kills the guest and exits 124).
-VM_TEST_TIMEOUT ?= 1800
+VM_TEST_TIMEOUT ?= 2400
 
 # Manifests and the Helm chart, rendered and checked offline (see deploy/README.md).
 validate-deploy:
