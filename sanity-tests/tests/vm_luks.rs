@@ -607,6 +607,43 @@ async fn a_mapping_half_made_by_a_killed_open_is_replaced() {
     fx.assert_lv_gone(&id);
 }
 
+/// Regression (the encrypted kill campaign of vm_faults saw it once: a
+/// NodeStage retried right after a kill got cryptsetup's exit code 5 and
+/// answered INTERNAL): a volume whose LV another process holds open
+/// exclusively (there: the killed driver's own cryptsetup, still running)
+/// is ABORTED, so kubelet retries; nothing is written; once the holder is
+/// gone the retried stage formats, opens and mounts it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs device-mapper: run by make test-vm in the VM"]
+async fn stage_while_another_process_holds_the_device_is_aborted() {
+    use std::os::unix::fs::OpenOptionsExt;
+    let fx = Fx::new(Kind::Thick).await;
+    let v = must(
+        "create",
+        fx.create(encrypted_req("enc-held", 64 * MI, "")).await,
+    );
+    let id = v.volume_id;
+    let lv = lv_dev(&fx, &id);
+    let held = fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(nix::libc::O_EXCL)
+        .open(&lv)
+        .unwrap();
+    let s = stage(&fx, &id, "a", "", Some(KEY))
+        .await
+        .expect_err("NodeStage succeeded while another process held the LV exclusively");
+    assert_eq!(s.code(), Code::Aborted, "{s:?}");
+    assert_eq!(blkid_type(&lv), "", "something was written to the held LV");
+    assert!(!mapping(&id).exists());
+    drop(held);
+    let target = mount(&fx, &id, "a", "").await;
+    write_marker_file(&target);
+    fx.d.unpublish(&id, &target).await;
+    fx.d.unstage(&id, &fx.d.staging_path("a")).await;
+    must("delete", fx.delete_volume(&id).await);
+    fx.assert_lv_gone(&id);
+}
+
 // ---------------------------------------------------------------------------
 // Without device-mapper
 // ---------------------------------------------------------------------------
