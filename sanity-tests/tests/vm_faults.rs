@@ -64,16 +64,24 @@ fn key_of(id: &str) -> &str {
 /// the `<vg>-` prefix removed. LV names' dashes are doubled there.
 fn dm_devices(f: &Fx) -> Vec<String> {
     let prefix = format!("{}-", f.vg.vg);
-    let mut out: Vec<String> = fs::read_dir("/sys/block")
+    let mut out: Vec<String> = dm_names()
+        .into_iter()
+        .filter_map(|n| n.strip_prefix(&prefix).map(str::to_owned))
+        .collect();
+    out.sort();
+    out
+}
+
+/// Names of every device-mapper device the kernel has (sysfs).
+fn dm_names() -> Vec<String> {
+    fs::read_dir("/sys/block")
         .map(|d| {
             d.flatten()
                 .filter_map(|e| fs::read_to_string(e.path().join("dm/name")).ok())
-                .filter_map(|n| n.trim().strip_prefix(&prefix).map(str::to_owned))
+                .map(|n| n.trim().to_owned())
                 .collect()
         })
-        .unwrap_or_default();
-    out.sort();
-    out
+        .unwrap_or_default()
 }
 
 /// The VG holds exactly the LVs of `kept` (and the thin pool), each a whole
@@ -253,15 +261,10 @@ const LUKS_KEY: &str = "fault-injection-key-0123456789abcdef";
 /// No dm-crypt mapping of this pool's volumes is open (`localvol-<pool>.…`).
 fn assert_no_mapping_left(f: &Fx, when: &str) {
     let prefix = format!("localvol-{}.", f.pool);
-    let open: Vec<String> = fs::read_dir("/sys/block")
-        .map(|d| {
-            d.flatten()
-                .filter_map(|e| fs::read_to_string(e.path().join("dm/name")).ok())
-                .map(|n| n.trim().to_owned())
-                .filter(|n| n.starts_with(&prefix))
-                .collect()
-        })
-        .unwrap_or_default();
+    let open: Vec<String> = dm_names()
+        .into_iter()
+        .filter(|n| n.starts_with(&prefix))
+        .collect();
     assert!(open.is_empty(), "{when}: mappings left open: {open:?}");
 }
 
