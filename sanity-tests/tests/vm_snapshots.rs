@@ -1208,11 +1208,15 @@ async fn snapshot_ids(kind: Kind) {
     let v = must("create", f.create(new_req("vol", 8 * MI, "block")).await);
     let vid = v.volume_id.clone();
     let snap = must("snapshot", f.snapshot("s", &vid).await);
+    f.wait_for_wipes().await;
     let lvs_before = f.lv_names();
     malformed_snapshot_ids_are_invalid_argument(&f).await;
     unknown_snapshot_ids_name_nothing(&f, &vid).await;
     create_snapshot_checks_its_request(&f, &vid).await;
     a_snapshots_id_and_name_are_its_own(&f, &snap).await;
+    // What those steps made and deleted themselves is wiped in the
+    // background (thick pools): compare after that.
+    f.wait_for_wipes().await;
     assert_eq!(f.lv_names(), lvs_before, "bad input changed the VG");
 
     must("DeleteSnapshot", f.delete_snapshot(&snap.snapshot_id).await);
@@ -1393,6 +1397,9 @@ async fn pools_overflowing(kind: Kind) {
             f.assert_lv_gone(&f.volume_id("r"));
             must("DeleteSnapshot", f.delete_snapshot(&snap.snapshot_id).await);
             f.unmount(&v.volume_id, "o").await;
+            // The deleted COW snapshot is its origin's until the wiper has
+            // split and removed it (DeleteVolume refuses until then).
+            f.wait_for_wipes().await;
             must("delete", f.delete_volume(&v.volume_id).await);
         }
         Kind::Thin => {
@@ -1435,6 +1442,7 @@ async fn raid1_pool_capacity_and_restore() {
     let raid = Raid1Fx::new().await;
     let free0 = raid1_capacity_is_half_the_free_space(&raid.f).await;
     raid1_restore_has_the_snapshots_data(&raid.f).await;
+    raid.f.wait_for_wipes().await;
     assert_eq!(
         raid.f.vg.vg_sizes().1,
         free0,
