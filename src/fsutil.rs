@@ -79,6 +79,20 @@ static TMP_COUNTER: AtomicU64 = AtomicU64::new(0);
 /// Replaces `path` with `data` so that a crash leaves either the old or the new
 /// content: write a temp file beside it, fsync it, rename over, fsync the folder.
 pub fn write_atomic(path: &Path, data: &[u8]) -> Result<()> {
+    with_synced_temp(path, data, |dir, tmp| {
+        fs::rename(tmp, path).ctx(|| format!("renaming {tmp:?} to {path:?}"))?;
+        sync_dir(dir)
+    })
+}
+
+/// Writes `data` to a new 0600 temp file beside `path` and fsyncs it, then
+/// runs `publish(folder, temp)` (which puts it in place); the temp file is
+/// removed if anything fails.
+fn with_synced_temp(
+    path: &Path,
+    data: &[u8],
+    publish: impl FnOnce(&Path, &Path) -> Result<()>,
+) -> Result<()> {
     let dir = path
         .parent()
         .ok_or_else(|| FsError::NoParent { path: path.into() })?;
@@ -97,8 +111,7 @@ pub fn write_atomic(path: &Path, data: &[u8]) -> Result<()> {
             .ctx(|| format!("creating {tmp:?}"))?;
         f.write_all(data).ctx(|| format!("writing {tmp:?}"))?;
         f.sync_all().ctx(|| format!("syncing {tmp:?}"))?;
-        fs::rename(&tmp, path).ctx(|| format!("renaming {tmp:?} to {path:?}"))?;
-        sync_dir(dir)
+        publish(dir, &tmp)
     })();
     if res.is_err() {
         let _ = fs::remove_file(&tmp);
@@ -126,33 +139,15 @@ pub fn create_once(path: &Path, data: &[u8]) -> Result<Vec<u8>> {
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
         Err(e) => return Err(IoError::new(format!("reading {path:?}"), e).into()),
     }
-    let dir = path
-        .parent()
-        .ok_or_else(|| FsError::NoParent { path: path.into() })?;
-    let name = path.file_name().and_then(|n| n.to_str()).unwrap_or("file");
-    let n = TMP_COUNTER.fetch_add(1, Ordering::Relaxed);
-    let tmp = dir.join(format!(".{name}.tmp.{}.{n}", std::process::id()));
-    let res = (|| {
-        let mut f = OpenOptions::new()
-            .write(true)
-            .create_new(true)
-            .mode(0o600)
-            .open(&tmp)
-            .ctx(|| format!("creating {tmp:?}"))?;
-        f.write_all(data).ctx(|| format!("writing {tmp:?}"))?;
-        f.sync_all().ctx(|| format!("syncing {tmp:?}"))?;
-        match fs::hard_link(&tmp, path) {
+    with_synced_temp(path, data, |dir, tmp| {
+        match fs::hard_link(tmp, path) {
             Ok(()) => {}
             Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
             Err(e) => return Err(IoError::new(format!("linking {tmp:?} to {path:?}"), e).into()),
         }
-        fs::remove_file(&tmp).ctx(|| format!("removing {tmp:?}"))?;
+        fs::remove_file(tmp).ctx(|| format!("removing {tmp:?}"))?;
         sync_dir(dir)
-    })();
-    if res.is_err() {
-        let _ = fs::remove_file(&tmp);
-    }
-    res?;
+    })?;
     Ok(read(path).ctx(|| format!("reading {path:?}"))?)
 }
 
