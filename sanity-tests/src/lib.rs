@@ -2047,6 +2047,24 @@ pub fn exited(pid: i32) -> bool {
 // Self-tests of the harness: the checks above must be able to fail.
 // ---------------------------------------------------------------------------
 
+/// Writes `data` at `offset` of a device (or file) and syncs it.
+pub fn write_at(dev: &Path, offset: u64, data: &[u8]) {
+    use std::io::Write as _;
+    let mut f = fs::OpenOptions::new().write(true).open(dev).unwrap();
+    f.seek(SeekFrom::Start(offset)).unwrap();
+    f.write_all(data).unwrap();
+    f.sync_all().unwrap();
+}
+
+/// `len` bytes at `offset` of a device (or file).
+pub fn read_at(dev: &Path, offset: u64, len: usize) -> Vec<u8> {
+    let mut f = fs::File::open(dev).unwrap();
+    f.seek(SeekFrom::Start(offset)).unwrap();
+    let mut b = vec![0u8; len];
+    f.read_exact(&mut b).unwrap();
+    b
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

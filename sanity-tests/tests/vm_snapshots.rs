@@ -9,7 +9,6 @@
 //! after the page cache is dropped; LVM's own `lvs` is the ground truth.
 
 use std::fs;
-use std::io::{Read, Seek, SeekFrom, Write};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
@@ -342,21 +341,6 @@ fn assert_generation(dir: &Path, generation: u64, what: &str) {
         vec![format!("gen-{generation}")],
         "{what}: generation markers"
     );
-}
-
-fn write_at(dev: &Path, offset: u64, data: &[u8]) {
-    let mut f = fs::OpenOptions::new().write(true).open(dev).unwrap();
-    f.seek(SeekFrom::Start(offset)).unwrap();
-    f.write_all(data).unwrap();
-    f.sync_all().unwrap();
-}
-
-fn read_at(dev: &Path, offset: u64, len: usize) -> Vec<u8> {
-    let mut f = fs::File::open(dev).unwrap();
-    f.seek(SeekFrom::Start(offset)).unwrap();
-    let mut b = vec![0u8; len];
-    f.read_exact(&mut b).unwrap();
-    b
 }
 
 /// statvfs total bytes of the filesystem at `path`.

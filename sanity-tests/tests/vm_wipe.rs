@@ -12,7 +12,7 @@
 
 use std::collections::BTreeSet;
 use std::fs;
-use std::io::{Read, Seek, SeekFrom, Write};
+use std::io::{Read, Seek, SeekFrom};
 use std::path::Path;
 use std::time::{Duration, Instant};
 
@@ -42,21 +42,6 @@ fn pattern(seed: u8, len: usize) -> Vec<u8> {
     (0..len)
         .map(|i| ((i.wrapping_mul(31) + seed as usize) % 255 + 1) as u8)
         .collect()
-}
-
-fn write_at(dev: &Path, offset: u64, data: &[u8]) {
-    let mut f = fs::OpenOptions::new().write(true).open(dev).unwrap();
-    f.seek(SeekFrom::Start(offset)).unwrap();
-    f.write_all(data).unwrap();
-    f.sync_all().unwrap();
-}
-
-fn read_at(dev: &Path, offset: u64, len: usize) -> Vec<u8> {
-    let mut f = fs::File::open(dev).unwrap();
-    f.seek(SeekFrom::Start(offset)).unwrap();
-    let mut b = vec![0u8; len];
-    f.read_exact(&mut b).unwrap();
-    b
 }
 
 fn drop_caches() {
