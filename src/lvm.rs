@@ -7,6 +7,9 @@
 //! the pool layer wraps (and `service/status.rs` answers NOT_FOUND,
 //! RESOURCE_EXHAUSTED, ALREADY_EXISTS for).
 
+use std::collections::BTreeMap;
+use std::future::Future;
+use std::sync::Mutex;
 use std::time::Duration;
 
 use serde::Deserialize;
@@ -372,7 +375,49 @@ pub fn command_args(args: Vec<String>) -> Vec<String> {
     out
 }
 
+tokio::task_local! {
+    /// What the running task works for (an RPC's method, `wipe`, `metrics`,
+    /// ...), set by [`attributed`]: each lvm run is counted under it.
+    static CALLER: &'static str;
+}
+
+/// lvm runs so far, by (caller, subcommand): process starts are what an LVM
+/// volume's lifecycle costs, so they are counted, not estimated
+/// (`localvol_lvm_runs_total` on /metrics, read by `vm/bench-lvm`).
+static RUNS: Mutex<BTreeMap<(&'static str, &'static str), u64>> = Mutex::new(BTreeMap::new());
+
+/// Runs `f` with its lvm runs counted under `caller` (runs outside any such
+/// scope count under `other`). Tasks that `f` spawns are not covered.
+pub async fn attributed<F: Future>(caller: &'static str, f: F) -> F::Output {
+    CALLER.scope(caller, f).await
+}
+
+/// Every (caller, subcommand, runs) counted so far.
+pub fn runs() -> Vec<(&'static str, &'static str, u64)> {
+    let runs = RUNS.lock().unwrap_or_else(|e| e.into_inner());
+    runs.iter().map(|(&(c, s), &n)| (c, s, n)).collect()
+}
+
+fn count_run(sub: &str) {
+    const KNOWN: [&str; 9] = [
+        "lvs",
+        "vgs",
+        "lvcreate",
+        "lvchange",
+        "lvextend",
+        "lvremove",
+        "lvrename",
+        "lvconvert",
+        "fullreport",
+    ];
+    let sub = KNOWN.into_iter().find(|k| *k == sub).unwrap_or("other");
+    let caller = CALLER.try_with(|c| *c).unwrap_or("other");
+    let mut runs = RUNS.lock().unwrap_or_else(|e| e.into_inner());
+    *runs.entry((caller, sub)).or_default() += 1;
+}
+
 async fn run(args: Vec<String>) -> Result<String, LvmError> {
+    count_run(args.first().map_or("", String::as_str));
     Cmd::new("lvm")
         .args(command_args(args))
         .env("LVM_SUPPRESS_FD_WARNINGS", "1")
@@ -618,6 +663,27 @@ pub async fn delete_tag(lv_path: &str, tag: &str) -> Result<(), LvmError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[tokio::test]
+    async fn runs_are_counted_by_caller_and_subcommand() {
+        let counted = |caller, sub| {
+            runs()
+                .into_iter()
+                .find(|&(c, s, _)| c == caller && s == sub)
+                .map_or(0, |r| r.2)
+        };
+        attributed("test-caller", async {
+            count_run("lvs");
+            count_run("lvs");
+            count_run("lvcreate");
+            count_run("no-such-subcommand");
+        })
+        .await;
+        assert_eq!(counted("test-caller", "lvs"), 2);
+        assert_eq!(counted("test-caller", "lvcreate"), 1);
+        assert_eq!(counted("test-caller", "other"), 1);
+        assert_eq!(counted("test-caller", "vgs"), 0);
+    }
 
     #[test]
     fn every_lvm_command_turns_dmeventd_monitoring_off() {
