@@ -4,8 +4,8 @@
 //! `lvs` answers for the pool's `lv-` LVs, filled at start, replaced by every
 //! full `lvs` of the VG (ListVolumes, /metrics), updated by the driver's own
 //! creates and deletes, and re-read on a miss. Only lookups that decide
-//! nothing destructive answer from it (NodeStage, NodePublish,
-//! NodeGetVolumeStats: [`super::LvmPool::lookup_indexed`]), and only when the
+//! nothing destructive answer from it (`Pool::get`: NodeStage, NodePublish,
+//! Validate: [`super::LvmPool::lookup_indexed`]), and only when the
 //! entry is one of the pool's finished, active volumes whose device node is
 //! there; anything else is a miss and asks lvm. Creates, deletes, expansions
 //! and snapshots read lvm (or act through a `--select` that lvm checks), so a

@@ -857,7 +857,8 @@ impl NodeSide for LvmPool {
         let Some(key) = VolumeKey::parse(key) else {
             return Ok(None);
         };
-        let Some(lv) = self.lookup_indexed(&key).await? else {
+        // The condition is the LV's state now (lvs), never the index's.
+        let Some(lv) = self.lookup(&key).await? else {
             return Ok(Some(format!("LV {}/{} is missing", self.vg, lv_name(&key))));
         };
         if !lv.is_active() {
