@@ -493,10 +493,7 @@ fn new_mount_volumes_are_unformatted_until_the_node_says_otherwise() {
     assert!(!p.to_volume(&lv(&lv_name, &tags[..4])).unwrap().unformatted);
     // `unformatted` marks a mount volume's unfinished LV too: it is never
     // also tagged `creating` (which would take a second lvm run to remove).
-    assert!(
-        !args.iter().any(|a| a.contains("creating")),
-        "{args:?}"
-    );
+    assert!(!args.iter().any(|a| a.contains("creating")), "{args:?}");
 }
 
 /// What a retried CreateVolume takes for an LV a cut-short `lvcreate` left:
@@ -516,7 +513,10 @@ fn cut_short_lvs_are_creating_or_unformatted_and_inactive() {
     assert!(super::cut_short(&with(&["localvol.creating"], false)));
     assert!(super::cut_short(&with(&["localvol.unformatted"], false)));
     assert!(!super::cut_short(&with(&["localvol.unformatted"], true)));
-    assert!(!super::cut_short(&with(&[], false)), "a staged volume, inactive");
+    assert!(
+        !super::cut_short(&with(&[], false)),
+        "a staged volume, inactive"
+    );
     assert!(!super::cut_short(&with(&[], true)));
 }
 
