@@ -7,6 +7,9 @@
 //! the pool layer wraps (and `service/status.rs` answers NOT_FOUND,
 //! RESOURCE_EXHAUSTED, ALREADY_EXISTS for).
 
+use std::collections::BTreeMap;
+use std::future::Future;
+use std::sync::Mutex;
 use std::time::Duration;
 
 use serde::Deserialize;
@@ -177,6 +180,19 @@ struct RawLv {
     lv_device_open: String,
     #[serde(default)]
     lv_time: String,
+    /// The VG's fields, in [`lvs_and_vg`]'s report only.
+    #[serde(default)]
+    vg_uuid: String,
+    #[serde(default)]
+    vg_size: String,
+    #[serde(default)]
+    vg_free: String,
+    #[serde(default)]
+    vg_extent_size: String,
+    #[serde(default)]
+    vg_free_count: String,
+    #[serde(default)]
+    vg_tags: String,
 }
 #[derive(Deserialize)]
 struct RawVg {
@@ -249,28 +265,50 @@ pub fn parse_lv_time(s: &str) -> Option<u64> {
 
 /// Parses `lvs --reportformat json --units b --nosuffix` output.
 pub fn parse_lvs(json: &str) -> Result<Vec<LvInfo>, LvmError> {
+    lv_rows(json)?.into_iter().map(lv_of).collect()
+}
+
+fn lv_rows(json: &str) -> Result<Vec<RawLv>, LvmError> {
     let r: Report<LvSection> =
         serde_json::from_str(json).map_err(|e| LvmError::Parse(format!("lvs JSON: {e}")))?;
-    r.report
-        .into_iter()
-        .flat_map(|s| s.lv)
-        .map(|l| {
-            Ok(LvInfo {
-                size: num("lv_size", &l.lv_size)?,
-                tags: tags(&l.lv_tags),
-                data_percent: percent(&l.data_percent),
-                metadata_percent: percent(&l.metadata_percent),
-                name: l.lv_name,
-                vg: l.vg_name,
-                attr: l.lv_attr,
-                pool_lv: l.pool_lv,
-                origin: l.origin,
-                path: l.lv_path,
-                open: l.lv_device_open == "open",
-                created_unix: parse_lv_time(&l.lv_time).unwrap_or(0),
-            })
-        })
-        .collect()
+    Ok(r.report.into_iter().flat_map(|s| s.lv).collect())
+}
+
+fn lv_of(l: RawLv) -> Result<LvInfo, LvmError> {
+    Ok(LvInfo {
+        size: num("lv_size", &l.lv_size)?,
+        tags: tags(&l.lv_tags),
+        data_percent: percent(&l.data_percent),
+        metadata_percent: percent(&l.metadata_percent),
+        name: l.lv_name,
+        vg: l.vg_name,
+        attr: l.lv_attr,
+        pool_lv: l.pool_lv,
+        origin: l.origin,
+        path: l.lv_path,
+        open: l.lv_device_open == "open",
+        created_unix: parse_lv_time(&l.lv_time).unwrap_or(0),
+    })
+}
+
+/// Parses [`lvs_and_vg`]'s report: the LVs, and the VG from the first row
+/// (None when the VG has no LV).
+pub fn parse_lvs_and_vg(json: &str) -> Result<(Vec<LvInfo>, Option<VgInfo>), LvmError> {
+    let rows = lv_rows(json)?;
+    let vg = match rows.first() {
+        None => None,
+        Some(l) => Some(VgInfo {
+            name: l.vg_name.clone(),
+            uuid: l.vg_uuid.clone(),
+            size: num("vg_size", &l.vg_size)?,
+            free: num("vg_free", &l.vg_free)?,
+            extent_size: num("vg_extent_size", &l.vg_extent_size)?,
+            free_extents: num("vg_free_count", &l.vg_free_count)?,
+            tags: tags(&l.vg_tags),
+        }),
+    };
+    let lvs = rows.into_iter().map(lv_of).collect::<Result<_, _>>()?;
+    Ok((lvs, vg))
 }
 
 /// Parses `vgs --reportformat json --units b --nosuffix` output.
@@ -372,7 +410,49 @@ pub fn command_args(args: Vec<String>) -> Vec<String> {
     out
 }
 
+tokio::task_local! {
+    /// What the running task works for (an RPC's method, `wipe`, `metrics`,
+    /// ...), set by [`attributed`]: each lvm run is counted under it.
+    static CALLER: &'static str;
+}
+
+/// lvm runs so far, by (caller, subcommand): process starts are what an LVM
+/// volume's lifecycle costs, so they are counted, not estimated
+/// (`localvol_lvm_runs_total` on /metrics, read by `vm/bench-lvm`).
+static RUNS: Mutex<BTreeMap<(&'static str, &'static str), u64>> = Mutex::new(BTreeMap::new());
+
+/// Runs `f` with its lvm runs counted under `caller` (runs outside any such
+/// scope count under `other`). Tasks that `f` spawns are not covered.
+pub async fn attributed<F: Future>(caller: &'static str, f: F) -> F::Output {
+    CALLER.scope(caller, f).await
+}
+
+/// Every (caller, subcommand, runs) counted so far.
+pub fn runs() -> Vec<(&'static str, &'static str, u64)> {
+    let runs = RUNS.lock().unwrap_or_else(|e| e.into_inner());
+    runs.iter().map(|(&(c, s), &n)| (c, s, n)).collect()
+}
+
+fn count_run(sub: &str) {
+    const KNOWN: [&str; 9] = [
+        "lvs",
+        "vgs",
+        "lvcreate",
+        "lvchange",
+        "lvextend",
+        "lvremove",
+        "lvrename",
+        "lvconvert",
+        "fullreport",
+    ];
+    let sub = KNOWN.into_iter().find(|k| *k == sub).unwrap_or("other");
+    let caller = CALLER.try_with(|c| *c).unwrap_or("other");
+    let mut runs = RUNS.lock().unwrap_or_else(|e| e.into_inner());
+    *runs.entry((caller, sub)).or_default() += 1;
+}
+
 async fn run(args: Vec<String>) -> Result<String, LvmError> {
+    count_run(args.first().map_or("", String::as_str));
     Cmd::new("lvm")
         .args(command_args(args))
         .env("LVM_SUPPRESS_FD_WARNINGS", "1")
@@ -467,6 +547,19 @@ pub async fn lvs(vg: &str) -> Result<Vec<LvInfo>, LvmError> {
     let mut args = report_args("lvs", LV_FIELDS);
     args.push(vg.to_owned());
     parse_lvs(&run(args).await?)
+}
+
+/// All logical volumes of a volume group and, in the same run, the group
+/// itself (`lvs` reports VG fields on each row; a VG without LVs has no row,
+/// and then `vgs` answers: a second run).
+pub async fn lvs_and_vg(vg: &str) -> Result<(Vec<LvInfo>, VgInfo), LvmError> {
+    let fields = format!("{LV_FIELDS},{}", VG_FIELDS.trim_start_matches("vg_name,"));
+    let mut args = report_args("lvs", &fields);
+    args.push(vg.to_owned());
+    match parse_lvs_and_vg(&run(args).await?)? {
+        (lvs, Some(info)) => Ok((lvs, info)),
+        (lvs, None) => Ok((lvs, self::vg(vg).await?)),
+    }
 }
 
 /// One logical volume, or None when it does not exist.
@@ -567,6 +660,20 @@ pub async fn remove(lv_path: &str) -> Result<(), LvmError> {
 
 /// Renames `VG/from` to `VG/to`: one metadata commit, so an LV is found
 /// under exactly one of the two names whenever a crash comes.
+/// Removes `lv_path` only if lvm's own selection `select` (`lvmreport(7)`)
+/// matches it when the command runs, so a check and the removal are one run
+/// and nothing can change between them. `Ok(true)`: removed; `Ok(false)`:
+/// not removed (missing, or not selected; lvm's message is not what it
+/// always was, which is also `false`): the caller looks and decides.
+pub async fn remove_selected(lv_path: &str, select: &str) -> Result<bool, LvmError> {
+    let args = ["lvremove", "--yes", "--select", select, lv_path];
+    match run(args.iter().map(|s| s.to_string()).collect()).await {
+        Ok(out) => Ok(out.contains("successfully removed")),
+        Err(LvmError::NotFound(_)) => Ok(false),
+        Err(e) => Err(e),
+    }
+}
+
 pub async fn rename(vg: &str, from: &str, to: &str) -> Result<(), LvmError> {
     change(vec![
         "lvrename".into(),
@@ -618,6 +725,27 @@ pub async fn delete_tag(lv_path: &str, tag: &str) -> Result<(), LvmError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[tokio::test]
+    async fn runs_are_counted_by_caller_and_subcommand() {
+        let counted = |caller, sub| {
+            runs()
+                .into_iter()
+                .find(|&(c, s, _)| c == caller && s == sub)
+                .map_or(0, |r| r.2)
+        };
+        attributed("test-caller", async {
+            count_run("lvs");
+            count_run("lvs");
+            count_run("lvcreate");
+            count_run("no-such-subcommand");
+        })
+        .await;
+        assert_eq!(counted("test-caller", "lvs"), 2);
+        assert_eq!(counted("test-caller", "lvcreate"), 1);
+        assert_eq!(counted("test-caller", "other"), 1);
+        assert_eq!(counted("test-caller", "vgs"), 0);
+    }
 
     #[test]
     fn every_lvm_command_turns_dmeventd_monitoring_off() {

@@ -42,6 +42,14 @@ struct PoolLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct LvmRunLabels {
+    /// The RPC method, or `wipe`, `metrics`, `start`, `other`.
+    caller: &'static str,
+    /// The lvm subcommand (`lvs`, `lvcreate`, ...).
+    command: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct VolumeLabels {
     pool: String,
     volume: String,
@@ -68,6 +76,7 @@ pub struct Metrics {
     wipe_pending: Family<PoolLabels, Gauge>,
     wiped_bytes: Family<PoolLabels, Counter>,
     wipe_seconds: Family<PoolLabels, Counter<f64, AtomicU64>>,
+    lvm_runs: Family<LvmRunLabels, Counter>,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -202,6 +211,12 @@ impl Metrics {
                 "Time spent zeroing deleted volumes",
                 Family::default(),
             ),
+            lvm_runs: registered(
+                r,
+                "lvm_runs",
+                "lvm processes run, by what they were run for (RPC method or background task) and subcommand",
+                Family::default(),
+            ),
             registry: std::mem::take(r),
         }
     }
@@ -262,6 +277,14 @@ fn record_wipes(m: &Metrics, labels: &PoolLabels, w: crate::pool::Wipes) {
     }
 }
 
+/// The lvm run counters brought up to `lvm::runs()` (they only grow).
+fn record_lvm_runs(m: &Metrics) {
+    for (caller, command, n) in crate::lvm::runs() {
+        let c = m.lvm_runs.get_or_create(&LvmRunLabels { caller, command });
+        c.inc_by(n.saturating_sub(c.get()));
+    }
+}
+
 fn gauge_value(v: u64) -> i64 {
     i64::try_from(v).unwrap_or(i64::MAX)
 }
@@ -278,6 +301,10 @@ pub trait Source: Send + Sync + 'static {
 
 /// Refreshes the pool and volume gauges from the pools, then encodes everything.
 pub async fn render(pools: &Pools) -> String {
+    crate::lvm::attributed("metrics", render_pools(pools)).await
+}
+
+async fn render_pools(pools: &Pools) -> String {
     let m = metrics();
     m.volume_used.clear();
     m.volume_limit.clear();
@@ -328,6 +355,7 @@ pub async fn render(pools: &Pools) -> String {
             }
         }
     }
+    record_lvm_runs(m);
     let mut out = String::new();
     if let Err(e) = prometheus_client::encoding::text::encode(&mut out, &m.registry) {
         tracing::error!(error = %e, "encoding metrics");
@@ -499,12 +527,19 @@ mod tests {
             };
             record_wipes(m, &wiping, w);
         }
+        m.lvm_runs
+            .get_or_create(&LvmRunLabels {
+                caller: "test-only",
+                command: "lvs",
+            })
+            .inc();
         let mut out = String::new();
         prometheus_client::encoding::text::encode(&mut out, &m.registry).unwrap();
         for want in [
             r#"localvol_wipe_pending_bytes{pool="test-only-wipes",backend="lvm"} 4096"#,
             r#"localvol_wiped_bytes_total{pool="test-only-wipes",backend="lvm"} 3145728"#,
             r#"localvol_wipe_seconds_total{pool="test-only-wipes",backend="lvm"} 1.5"#,
+            r#"localvol_lvm_runs_total{caller="test-only",command="lvs"} 1"#,
         ] {
             assert!(out.contains(want), "{want} missing from:\n{out}");
         }
@@ -527,6 +562,7 @@ mod tests {
             "localvol_cleanups counter",
             "localvol_cleanup_duration_seconds histogram",
             "localvol_orphan_volumes gauge",
+            "localvol_lvm_runs counter",
         ] {
             let want = format!("# TYPE {want}");
             assert!(out.contains(&want), "{want} missing from:\n{out}");

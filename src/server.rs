@@ -74,7 +74,10 @@ pub const BLOCKING_PER_CORE: usize = 4;
 pub const MIN_BLOCKING: usize = 32;
 /// glibc malloc arenas, at most (glibc's default is 8 per core, so every
 /// blocking thread gets a heap of its own that keeps freed memory around).
-pub const MALLOC_ARENAS: i32 = 2;
+/// One: the threads' own caches (tcache) serve most small allocations
+/// without the arena's lock, and a second arena measured ~0.5 MiB more peak
+/// RSS at 16 concurrent lifecycles with no gain in lifecycles/s.
+pub const MALLOC_ARENAS: i32 = 1;
 
 /// The runtime `localvol serve` runs on: a node daemon that mostly waits on
 /// the kernel, whose memory is counted on every node. Caps the workers, the

@@ -640,52 +640,61 @@ async fn lvm_killed_mid_lvcreate_and_lvremove(kind: Kind) {
 /// LV tagged creating that never activates ("reload ioctl ... No data
 /// available"), and the retried CreateVolume failed for good. Made here
 /// deterministically: a volume's LV, deactivated, tagged creating again,
-/// and its thin device deleted from the pool's metadata behind lvm's back.
-/// The retried create removes it and makes the volume anew.
+/// and its thin device deleted from the pool's metadata behind lvm's back;
+/// then the same for a mount volume's LV that carries only `unformatted`
+/// (what such a cut-short create leaves since mount volumes are no longer
+/// also tagged creating). The retried create removes it and makes the
+/// volume anew.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "needs device-mapper: run by make test-vm in the VM"]
 async fn thin_lv_cut_short_before_its_device_is_made_again() {
     let mut f = Fx::new(Kind::Thin).await;
-    let name = "half-thin";
-    let vol = must("CreateVolume", f.create(fs_req(name, VOLUME, "")).await);
-    let id = vol.volume_id;
-    let lv = format!("{}/{}", f.vg.vg, lv_name(&id));
-    let thin_id = run_cmd("lvm", &["lvs", "--noheadings", "-o", "thin_id", &lv])
-        .trim()
-        .to_owned();
-    assert!(!thin_id.is_empty(), "no thin_id for {lv}");
-    run_cmd("lvm", &["lvchange", "-an", &lv]);
-    run_cmd("lvm", &["lvchange", "--addtag", TAG_CREATING, &lv]);
-    let tpool = format!("{}-tp-tpool", f.vg.vg.replace('-', "--"));
-    run_cmd(
-        "dmsetup",
-        &["message", &tpool, "0", &format!("delete {thin_id}")],
-    );
-    let activate = std::process::Command::new("lvm")
-        .args(["lvchange", "-ay", &lv])
-        .status()
-        .unwrap();
-    assert!(
-        !activate.success(),
-        "{lv} still activates: the half state was not made"
-    );
-    assert!(
-        f.d.list_all().await.is_empty(),
-        "a volume tagged creating is listed"
-    );
+    // A raw block volume's LV keeps `creating` until lvcreate is seen to
+    // finish; a mount volume's is marked by `unformatted` alone, and one
+    // that is not active is taken for cut short too. Both half states.
+    for (name, tagged) in [("half-thin", true), ("half-thin-new", false)] {
+        let vol = must("CreateVolume", f.create(fs_req(name, VOLUME, "")).await);
+        let id = vol.volume_id;
+        let lv = format!("{}/{}", f.vg.vg, lv_name(&id));
+        let thin_id = run_cmd("lvm", &["lvs", "--noheadings", "-o", "thin_id", &lv])
+            .trim()
+            .to_owned();
+        assert!(!thin_id.is_empty(), "no thin_id for {lv}");
+        run_cmd("lvm", &["lvchange", "-an", &lv]);
+        if tagged {
+            run_cmd("lvm", &["lvchange", "--addtag", TAG_CREATING, &lv]);
+        }
+        let tpool = format!("{}-tp-tpool", f.vg.vg.replace('-', "--"));
+        run_cmd(
+            "dmsetup",
+            &["message", &tpool, "0", &format!("delete {thin_id}")],
+        );
+        let activate = std::process::Command::new("lvm")
+            .args(["lvchange", "-ay", &lv])
+            .status()
+            .unwrap();
+        assert!(
+            !activate.success(),
+            "{lv} still activates: the half state was not made"
+        );
+        let listed = f.d.list_all().await;
+        if tagged {
+            assert!(listed.is_empty(), "a volume tagged creating is listed");
+        }
 
-    let again = must(
-        "retried CreateVolume",
-        f.create(fs_req(name, VOLUME, "")).await,
-    );
-    assert_eq!(again.volume_id, id);
-    let row = f.lv(&id).expect("the volume's LV");
-    assert!(row.is_active(), "{row:?}");
-    assert!(!row.tags.iter().any(|t| t == TAG_CREATING), "{row:?}");
-    let staging = f.d.staging_path(name);
-    f.d.stage(&id, &staging).await;
-    use_and_delete(&f, &id, &staging, name, "ext4").await;
-    assert_holds_exactly(&f, &BTreeSet::new(), "half thin LV: deleted").await;
+        let again = must(
+            "retried CreateVolume",
+            f.create(fs_req(name, VOLUME, "")).await,
+        );
+        assert_eq!(again.volume_id, id);
+        let row = f.lv(&id).expect("the volume's LV");
+        assert!(row.is_active(), "{name}: {row:?}");
+        assert!(!row.tags.iter().any(|t| t == TAG_CREATING), "{row:?}");
+        let staging = f.d.staging_path(name);
+        f.d.stage(&id, &staging).await;
+        use_and_delete(&f, &id, &staging, name, "ext4").await;
+        assert_holds_exactly(&f, &BTreeSet::new(), "half thin LV: deleted").await;
+    }
     stop_cleanly(&mut f, "half thin LV").await;
 }
 

@@ -8,16 +8,26 @@ use crate::lvm::{self, NewLv};
 use crate::pool::{AccessType, CreateRequest};
 
 impl LvmPool {
-    /// A new, empty volume, tagged as unfinished until `lvcreate` is seen to
-    /// have completed.
+    /// A new, empty volume (tagged as `create_tags` says).
     pub(super) fn create_args(&self, req: &CreateRequest, size: u64) -> Vec<String> {
+        let tags = self.create_tags(req);
+        lvm::lvcreate_args(&self.vg, &lv_name(&req.id.key), &tags, self.new_lv(size))
+    }
+
+    /// The tags of a new, empty volume (`--addtag`). A mount volume carries
+    /// `unformatted` until its first stage, which also marks an LV a
+    /// cut-short `lvcreate` left (nothing is written to it before that stage
+    /// erases it whole), so a successful `lvcreate` needs no second lvm run.
+    /// A raw block volume, which no stage erases, carries `creating` until
+    /// the driver has seen `lvcreate` finish.
+    pub(super) fn create_tags(&self, req: &CreateRequest) -> Vec<String> {
         let mut tags = self.tags("volume", req.name.as_str(), req.access_type);
         tags.extend(encryption_tag(req.encryption));
-        if req.access_type == AccessType::Mount {
-            tags.push(TAG_UNFORMATTED.to_owned());
-        }
-        tags.push(TAG_CREATING.to_owned());
-        lvm::lvcreate_args(&self.vg, &lv_name(&req.id.key), &tags, self.new_lv(size))
+        tags.push(match req.access_type {
+            AccessType::Mount => TAG_UNFORMATTED.to_owned(),
+            AccessType::Block => TAG_CREATING.to_owned(),
+        });
+        tags
     }
 
     /// A thin or thick LV of `size` bytes, as this pool makes them.

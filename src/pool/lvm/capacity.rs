@@ -73,7 +73,9 @@ pub(super) fn round_down(v: u64, unit: u64) -> u64 {
 impl LvmPool {
     /// Extent size of the VG: LV sizes are whole extents.
     pub(super) async fn extent(&self) -> Result<u64> {
-        Ok(lvm::vg(&self.vg).await?.extent_size.max(512))
+        let vg = lvm::vg(&self.vg).await?;
+        self.set_extent(&vg);
+        Ok(vg.extent_size.max(512))
     }
 
     /// (largest volume this pool could ever hold, largest creatable now).
@@ -87,6 +89,17 @@ impl LvmPool {
     /// [`LvmPool::limits`] with the VG's report already at hand.
     pub(super) async fn limits_in(&self, vg: &lvm::VgInfo) -> Result<(u64, u64)> {
         match &self.thin {
+            None => self.limits_with(vg, &[]),
+            Some(_) => {
+                let offer = self.thin_offer(vg).await?;
+                Ok((offer.ever, offer.by_promise))
+            }
+        }
+    }
+
+    /// [`LvmPool::limits`] from a report of the VG and all its LVs.
+    pub(super) fn limits_with(&self, vg: &lvm::VgInfo, lvs: &[lvm::LvInfo]) -> Result<(u64, u64)> {
+        match &self.thin {
             None => {
                 let ever = ((vg.size.saturating_sub(self.reserve)) as f64 / self.overhead) as u64;
                 let now = ((vg.free.saturating_sub(self.reserve)) as f64 / self.overhead) as u64;
@@ -96,7 +109,7 @@ impl LvmPool {
                 ))
             }
             Some(_) => {
-                let offer = self.thin_offer(vg).await?;
+                let offer = self.thin_offer_with(vg, lvs)?;
                 Ok((offer.ever, offer.by_promise))
             }
         }
@@ -104,8 +117,16 @@ impl LvmPool {
 
     /// The thin pool's figures (thin pools only).
     pub(super) async fn thin_offer(&self, vg: &lvm::VgInfo) -> Result<ThinOffer> {
+        self.thin_offer_with(vg, &lvm::lvs(&self.vg).await?)
+    }
+
+    /// [`LvmPool::thin_offer`] from `lvs` of the VG at hand.
+    pub(super) fn thin_offer_with(
+        &self,
+        vg: &lvm::VgInfo,
+        lvs: &[lvm::LvInfo],
+    ) -> Result<ThinOffer> {
         let thin = self.thin.as_deref().unwrap_or_default();
-        let lvs = lvm::lvs(&self.vg).await?;
         let pool = lvs
             .iter()
             .find(|l| l.name == thin && l.is_thin_pool())

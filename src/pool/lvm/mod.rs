@@ -14,6 +14,8 @@
 //!   snapshots);
 //! - `args`: `lvcreate` arguments (through `lvm::lvcreate_args`);
 //! - `capacity`: sizes in whole extents and what the pool can still offer;
+//! - `index`: the pool's volumes as lvm last reported them, so NodeStage and
+//!   NodePublish need no `lvs` (never trusted for anything destructive);
 //! - `restore`: restores and clones (thin snapshots, or block copies that
 //!   survive a cancelled RPC and a crash);
 //! - `wipe`: thick pools zero deleted volumes and snapshots in the
@@ -40,12 +42,14 @@ use crate::lvm::{self, LvInfo, LvmError, NewLv};
 mod args;
 mod capacity;
 mod health;
+mod index;
 mod restore;
 mod tags;
 mod wipe;
 
 use capacity::*;
 use health::{HealthCache, HEALTH_TTL};
+use index::LvIndex;
 use restore::*;
 use tags::*;
 use wipe::{wipe_lv_name, Wiper};
@@ -79,6 +83,11 @@ pub struct LvmPool {
     wiper: Option<Wiper>,
     /// `lvm:<VG UUID>`, read once the VG was found at open.
     storage: Option<StorageId>,
+    /// The pool's volumes as lvm last reported them (see `index.rs`).
+    index: LvIndex,
+    /// The VG's extent size as lvm last reported it (set at start; a VG's
+    /// extent size is fixed in practice, and every `vgs` refreshes it).
+    extent: std::sync::atomic::AtomicU64,
 }
 
 impl LvmPool {
@@ -106,6 +115,8 @@ impl LvmPool {
             health: HealthCache::default(),
             wiper: None,
             storage: None,
+            index: LvIndex::default(),
+            extent: std::sync::atomic::AtomicU64::new(0),
         };
         if let Health::Unusable(why) = pool.check_now().await {
             return Err(PoolError::Misconfigured {
@@ -113,11 +124,14 @@ impl LvmPool {
                 why: why.to_string(),
             });
         }
-        let uuid = lvm::vg(&pool.vg)
+        // One `lvs` fills the index and gives the extent size and the VG's
+        // UUID (the pool's storage identity).
+        let uuid = pool
+            .refresh_index()
             .await
             .map_err(|e| PoolError::Misconfigured {
                 pool: pool.name.to_string(),
-                why: format!("reading the UUID of volume group {}: {e}", pool.vg),
+                why: format!("reading volume group {}: {e}", pool.vg),
             })?
             .uuid;
         pool.storage = Some(StorageId::parse(&format!("lvm:{uuid}")).map_err(|e| {
@@ -144,6 +158,9 @@ impl LvmPool {
     /// Asks lvm now (no cache): the VG, and the thin pool if there is one.
     async fn check_now(&self) -> Health {
         let vg = lvm::vg(&self.vg).await;
+        if let Ok(vg) = &vg {
+            self.set_extent(vg);
+        }
         let thin = match (&self.thin, &vg) {
             (Some(thin), Ok(_)) => Some((thin.as_str(), lvm::lv(&self.vg, thin).await)),
             (Some(thin), Err(_)) => Some((thin.as_str(), Ok(None))),
@@ -169,7 +186,109 @@ impl LvmPool {
     /// Activates one of the pool's LVs by name.
     async fn activate_lv(&self, lv: &str) -> Result<()> {
         lvm::activate(&self.lv_path(lv)).await?;
+        self.index.forget(lv);
         Ok(())
+    }
+
+    /// A CreateVolume whose LV exists already (a retry, or a create cut
+    /// short): the LV is the volume asked for, or the request mismatches.
+    /// `None`: an LV a cut-short create left could not be finished and was
+    /// removed; the caller creates it again.
+    async fn existing(&self, req: &CreateRequest, mut lv: LvInfo) -> Result<Option<Volume>> {
+        let encoded_name = lvm::encode_tag_value(req.name.as_str());
+        if self.is_ours(&lv) && lv.tag_value(TAG_SOURCE).is_some() {
+            // A restore or clone (complete or not) is not the empty
+            // volume this request asks for.
+            return Err(PoolError::Mismatch {
+                name: req.name.as_str().to_owned(),
+                why: format!(
+                    "it was made from {}; this request has no content source",
+                    lv.tag_value(TAG_SOURCE).unwrap_or_default()
+                ),
+            });
+        }
+        if self.is_ours(&lv)
+            && lv.tag_value(TAG_NAME) == Some(encoded_name.as_str())
+            && cut_short(&lv)
+        {
+            // An earlier create of this volume was cut short: finish it, or
+            // (when it cannot be finished) make it again.
+            let finished = self.finish_or_discard(&lv).await?;
+            self.index.forget(&lv.name);
+            if !finished {
+                return Ok(None);
+            }
+            lv.tags.retain(|t| t != TAG_CREATING);
+        }
+        match self.to_volume(&lv) {
+            Some(v) => super::matches_request(v, req, false).map(Some),
+            None => Err(self.not_ours(&lv.name)),
+        }
+    }
+
+    /// The LV a successful `lvcreate` of [`LvmPool::create_args`] made, as
+    /// `lvs` would report it: what the driver asked for is what lvm did
+    /// (the size is whole extents already), so it is not read back.
+    fn just_created(&self, req: &CreateRequest, size: u64) -> LvInfo {
+        let name = lv_name(&req.id.key);
+        LvInfo {
+            path: format!("/dev/{}/{name}", self.vg),
+            name,
+            vg: self.vg.clone(),
+            size,
+            tags: self.create_tags(req),
+            // lv_attr: a thin or linear volume, writeable, inherited
+            // allocation, active; thin volumes zero what they provision.
+            attr: match self.thin {
+                Some(_) => "Vwi-a-tz--".to_owned(),
+                None => "-wi-a-----".to_owned(),
+            },
+            pool_lv: self.thin.clone().unwrap_or_default(),
+            origin: String::new(),
+            data_percent: None,
+            metadata_percent: None,
+            open: false,
+            created_unix: std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| d.as_secs()),
+        }
+    }
+
+    /// Thin pools' common delete in one lvm run: `lvremove` of the volume's
+    /// LV with lvm itself checking that it is this pool's (its tags, when it
+    /// runs; lvm refuses an open LV). A raw block volume's device node
+    /// bound somewhere does not open it, so the mount table is read first.
+    /// `false`: nothing was removed (gone already, not this pool's, open or
+    /// bound): the checked path decides what to answer.
+    async fn remove_if_ours(&self, id: &VolumeId) -> Result<bool> {
+        let name = lv_name(&id.key);
+        let dev = PathBuf::from(format!("/dev/{}", self.lv_path(&name)));
+        let bound = crate::error::blocking(move || {
+            let table = crate::mount::MountTable::read()?;
+            match crate::mount::locate_device_node(&table, &dev) {
+                Ok(loc) => Ok(table.mounts_of(&loc).next().is_some()),
+                Err(crate::mount::MountError::DeviceMissing { .. }) => Ok(false),
+                Err(e) => Err(e),
+            }
+        })
+        .await?;
+        if bound {
+            return Ok(false);
+        }
+        let select = format!(
+            "lv_tags={{{TAG_OWNER}}} && lv_tags={{{TAG_POOL}={}}}",
+            self.name
+        );
+        self.index.forget(&name);
+        match lvm::remove_selected(&self.lv_path(&name), &select).await {
+            Ok(removed) => Ok(removed),
+            // lvm refused an open LV: the checked path says why (or closes
+            // a mapping a killed driver left open).
+            Err(LvmError::Command(e)) if e.stderr().contains("in use") => Ok(false),
+            // Anything else (lvremove killed, timed out) fails this delete
+            // as it is; a retry finds out what is left.
+            Err(e) => Err(e.into()),
+        }
     }
 
     /// Removes a restore or clone that was cut short and cannot be finished.
@@ -186,6 +305,8 @@ impl LvmPool {
     /// pools rename it for the wiper (`wipe.rs`), which zeroes and then
     /// removes it. Either way its name is free when this returns.
     async fn retire(&self, lv: &LvInfo) -> Result<()> {
+        // Forgotten first: a failed removal leaves the LV to the next lookup.
+        self.index.forget(&lv.name);
         let Some(wiper) = &self.wiper else {
             return Ok(lvm::remove(&self.lv_path(&lv.name)).await?);
         };
@@ -200,18 +321,75 @@ impl LvmPool {
         Ok(())
     }
 
+    /// The volume's LV as lvm reports it now (the index learns it too).
     async fn lookup(&self, key: &VolumeKey) -> Result<Option<LvInfo>> {
-        Ok(lvm::lv(&self.vg, &lv_name(key)).await?)
+        let name = lv_name(key);
+        let epoch = self.index.epoch();
+        let lv = lvm::lv(&self.vg, &name).await?;
+        self.index.store(epoch, &name, lv.as_ref());
+        Ok(lv)
+    }
+
+    /// The volume's LV for lookups that decide nothing destructive: from the
+    /// index when it has the pool's finished, active volume there and its
+    /// device node exists (a removed or deactivated LV has none), otherwise
+    /// as lvm reports it now.
+    async fn lookup_indexed(&self, key: &VolumeKey) -> Result<Option<LvInfo>> {
+        if let Some(lv) = self.index.get(&lv_name(key)) {
+            if lv.is_active() && self.to_volume(&lv).is_some() {
+                let dev = PathBuf::from(format!("/dev/{}", self.lv_path(&lv.name)));
+                let there = crate::error::blocking(move || {
+                    Ok::<_, crate::error::IoError>(dev.symlink_metadata().is_ok())
+                })
+                .await?;
+                if there {
+                    return Ok(Some(lv));
+                }
+            }
+        }
+        self.lookup(key).await
+    }
+
+    /// Every LV of the VG as lvm reports it now (the index is replaced by it).
+    async fn all_lvs(&self) -> Result<Vec<LvInfo>> {
+        let epoch = self.index.epoch();
+        let all = lvm::lvs(&self.vg).await?;
+        self.index.replace(epoch, &all);
+        Ok(all)
+    }
+
+    /// Fills the index and the extent size from one `lvs` (at start), and
+    /// returns the VG as it reported it.
+    async fn refresh_index(&self) -> Result<lvm::VgInfo> {
+        let epoch = self.index.epoch();
+        let (all, vg) = lvm::lvs_and_vg(&self.vg).await?;
+        self.index.replace(epoch, &all);
+        self.set_extent(&vg);
+        Ok(vg)
+    }
+
+    fn set_extent(&self, vg: &lvm::VgInfo) {
+        self.extent.store(
+            vg.extent_size.max(512),
+            std::sync::atomic::Ordering::Relaxed,
+        );
+    }
+
+    fn cached_extent(&self) -> u64 {
+        self.extent
+            .load(std::sync::atomic::Ordering::Relaxed)
+            .max(512)
     }
 
     /// [`LvmPool::finish_create`] for the LV an earlier, cut-short create
     /// left; when it cannot be finished, removes it (its create never
-    /// answered, so nothing was ever written to it) and says so (false).
-    /// Found by vm_faults: a thin `lvcreate` killed between the VG metadata
-    /// commit and the thin pool's own record of the device leaves an LV that
-    /// never activates ("reload ioctl ... No data available").
+    /// answered, or it was never staged: nothing was ever written to it) and
+    /// says so (false). Found by vm_faults: a thin `lvcreate` killed between
+    /// the VG metadata commit and the thin pool's own record of the device
+    /// leaves an LV that never activates ("reload ioctl ... No data
+    /// available").
     async fn finish_or_discard(&self, lv: &LvInfo) -> Result<bool> {
-        let Err(e) = self.finish_create(lv, true).await else {
+        let Err(e) = self.finish_create(lv, lv.has_tag(TAG_CREATING)).await else {
             return Ok(true);
         };
         tracing::warn!(
@@ -228,9 +406,11 @@ impl LvmPool {
     /// after committing the LV but before activating or wiping it. Activates
     /// it and, when `wipe`, removes every signature and zeroes its start (what
     /// `lvcreate --wipesignatures y --zero y` does after activation), then
-    /// drops the `creating` tag: a crash never hands out an inactive LV or a
-    /// deleted volume's filesystem. Nothing can have been written to the LV:
-    /// its create has not answered yet.
+    /// drops the `creating` tag if it has one: a crash never hands out an
+    /// inactive LV or a deleted volume's filesystem. Nothing can have been
+    /// written to the LV: its create has not answered yet, or (a volume
+    /// still `unformatted`) it was never mounted, and NodeStage erases it
+    /// whole before its first mkfs.
     async fn finish_create(&self, lv: &LvInfo, wipe: bool) -> Result<()> {
         let path = self.lv_path(&lv.name);
         if !lv.is_active() {
@@ -250,9 +430,21 @@ impl LvmPool {
                 .run()
                 .await?;
         }
-        lvm::delete_tag(&path, TAG_CREATING).await?;
+        if lv.has_tag(TAG_CREATING) {
+            lvm::delete_tag(&path, TAG_CREATING).await?;
+        }
         Ok(())
     }
+}
+
+/// Whether an LV is what a cut-short `lvcreate` of a new, empty volume
+/// left: a raw block volume's LV still tagged `creating`, or a mount
+/// volume's LV that is still `unformatted` (never staged, so never written)
+/// and not active. `lvcreate` commits the LV before it activates it, and a
+/// thin one can be left unable to activate at all (see
+/// [`LvmPool::finish_or_discard`]).
+fn cut_short(lv: &LvInfo) -> bool {
+    lv.has_tag(TAG_CREATING) || (lv.has_tag(TAG_UNFORMATTED) && !lv.is_active())
 }
 
 #[async_trait]
@@ -299,71 +491,99 @@ impl Pool for LvmPool {
         if let Some(src) = &req.source {
             return self.create_from(req, src).await;
         }
-        let encoded_name = lvm::encode_tag_value(req.name.as_str());
-        if let Some(mut lv) = self.lookup(&req.id.key).await? {
-            if self.is_ours(&lv) && lv.tag_value(TAG_SOURCE).is_some() {
-                // A restore or clone (complete or not) is not the empty
-                // volume this request asks for.
-                return Err(PoolError::Mismatch {
-                    name: req.name.as_str().to_owned(),
-                    why: format!(
-                        "it was made from {}; this request has no content source",
-                        lv.tag_value(TAG_SOURCE).unwrap_or_default()
-                    ),
-                });
-            }
-            let cut_short = self.is_ours(&lv)
-                && lv.has_tag(TAG_CREATING)
-                && lv.tag_value(TAG_NAME) == Some(encoded_name.as_str());
-            // An earlier create of this volume was cut short: finish it, or
-            // (when it cannot be finished) make it again below.
-            if !cut_short || self.finish_or_discard(&lv).await? {
-                lv.tags.retain(|t| t != TAG_CREATING);
-                return match self.to_volume(&lv) {
-                    Some(v) => super::matches_request(v, req, false),
-                    None => Err(self.not_ours(&lv.name)),
-                };
+        let name = lv_name(&req.id.key);
+        if self.index.get(&name).is_some() {
+            // Known: most likely a retry. What lvm says decides.
+            if let Some(lv) = self.lookup(&req.id.key).await? {
+                if let Some(vol) = self.existing(req, lv).await? {
+                    return Ok(vol);
+                }
             }
         }
         let _alloc = self.alloc.lock().await;
-        // One vgs for both the extent size and the room (each lvm run costs
-        // a process start and a device scan).
-        let vg = lvm::vg(&self.vg).await?;
-        let size = size_in_extents(req.range, self.default_size, vg.extent_size.max(512))?;
-        let (ever, now) = self.limits_in(&vg).await?;
-        self.check_room(size, ever, now, &format!("volume {}", req.name.as_str()))?;
-        let finished = match lvm::change(self.create_args(req, size)).await {
-            Ok(()) => true,
-            // A create cut short earlier (or still finishing) made it: check it below.
-            Err(LvmError::AlreadyExists(_)) => false,
-            Err(e) => return Err(e.into()),
+        let what = format!("volume {}", req.name.as_str());
+        // Thin pools (the overprovision ratio is ours to keep) and pools with
+        // a reserve or an overhead check the room first, from one `lvs` of
+        // the VG that also says whether the LV exists. A thick pool without
+        // either leaves the check to lvcreate, which refuses what does not
+        // fit (classified below), and learns of an LV the index misses from
+        // lvcreate's "already exists".
+        let checked = self.thin.is_some() || self.reserve > 0 || self.overhead != 1.0;
+        let size = if checked {
+            let (all, vg) = lvm::lvs_and_vg(&self.vg).await?;
+            self.set_extent(&vg);
+            if let Some(lv) = all.iter().find(|l| l.name == name).cloned() {
+                if let Some(vol) = self.existing(req, lv).await? {
+                    return Ok(vol);
+                }
+            }
+            let size = size_in_extents(req.range, self.default_size, vg.extent_size.max(512))?;
+            let (ever, now) = self.limits_with(&vg, &all)?;
+            self.check_room(size, ever, now, &what)?;
+            size
+        } else {
+            size_in_extents(req.range, self.default_size, self.cached_extent())?
         };
-        let mut lv = self.lookup(&req.id.key).await?.ok_or_else(|| {
-            PoolError::Inconsistent(format!(
-                "lvcreate succeeded but {}/{} is missing",
-                self.vg,
-                lv_name(&req.id.key)
-            ))
-        })?;
-        if self.is_ours(&lv)
-            && lv.has_tag(TAG_CREATING)
-            && lv.tag_value(TAG_NAME) == Some(encoded_name.as_str())
-        {
-            // After our lvcreate (it activated and wiped the LV) only the tag
-            // goes; an LV another, cut-short lvcreate made is finished in full.
-            self.finish_create(&lv, !finished).await?;
+        match lvm::change(self.create_args(req, size)).await {
+            Ok(()) => {}
+            Err(LvmError::AlreadyExists(_)) => {
+                // A create cut short earlier (or still finishing) made it.
+                if let Some(lv) = self.lookup(&req.id.key).await? {
+                    if let Some(vol) = self.existing(req, lv).await? {
+                        return Ok(vol);
+                    }
+                }
+                // It could not be finished and was removed: make it now.
+                lvm::change(self.create_args(req, size)).await?;
+            }
+            Err(LvmError::InsufficientSpace(why)) if !checked => {
+                // Answer as the check would have: too large for the pool
+                // ever, or not now.
+                let vg = lvm::vg(&self.vg).await?;
+                self.set_extent(&vg);
+                let (ever, now) = self.limits_in(&vg).await?;
+                self.check_room(size, ever, now, &what)?;
+                return Err(LvmError::InsufficientSpace(why).into());
+            }
+            Err(e) => return Err(e.into()),
+        }
+        let mut lv = if self.options.is_empty() {
+            // Exactly what this lvcreate made (lvcreateOptions such as
+            // stripes may round the size: those are read back).
+            self.just_created(req, size)
+        } else {
+            self.lookup(&req.id.key).await?.ok_or_else(|| {
+                PoolError::Inconsistent(format!(
+                    "lvcreate succeeded but {}/{name} is missing",
+                    self.vg
+                ))
+            })?
+        };
+        if lv.has_tag(TAG_CREATING) {
+            // A raw block volume: lvcreate activated and wiped it; only the
+            // tag goes. (Mount volumes carry `unformatted` instead, which
+            // NodeStage removes; see `create_tags`.)
+            self.finish_create(&lv, false).await?;
             lv.tags.retain(|t| t != TAG_CREATING);
+        }
+        if lv.is_active() {
+            self.index.put(lv.clone());
+        } else {
+            self.index.forget(&lv.name);
         }
         let vol = self.to_volume(&lv).ok_or_else(|| self.not_ours(&lv.name))?;
         super::matches_request(vol, req, false)
     }
 
     async fn delete(&self, id: &VolumeId) -> Result<()> {
+        if self.thin.is_some() && self.remove_if_ours(id).await? {
+            return Ok(());
+        }
         // Thick pools must look for COW snapshots of the volume, so one
         // `lvs VG` serves both the lookup and that check; thin snapshots do
         // not depend on their origin, so thin pools look up the LV alone.
         let all = match self.thin {
-            None => Some(lvm::lvs(&self.vg).await?),
+            None => Some(self.all_lvs().await?),
             Some(_) => None,
         };
         let name = lv_name(&id.key);
@@ -488,6 +708,7 @@ impl Pool for LvmPool {
         }
         if size > lv.size {
             self.grow_lv(&lv, size, &format!("expanding {id}")).await?;
+            self.index.forget(&lv.name);
         }
         Ok(Expanded {
             size_bytes: size,
@@ -497,13 +718,14 @@ impl Pool for LvmPool {
 
     async fn get(&self, id: &VolumeId) -> Result<Option<Volume>> {
         Ok(self
-            .lookup(&id.key)
+            .lookup_indexed(&id.key)
             .await?
             .and_then(|lv| self.to_volume(&lv)))
     }
 
     async fn list(&self) -> Result<Vec<Volume>> {
-        Ok(lvm::lvs(&self.vg)
+        Ok(self
+            .all_lvs()
             .await?
             .iter()
             .filter_map(|lv| self.to_volume(lv))
@@ -607,12 +829,24 @@ impl NodeSide for LvmPool {
     async fn filesystem_grown(&self, vol: &Volume) -> Result<()> {
         let key = volume_key(vol)?;
         lvm::delete_tag(&self.lv_path(&lv_name(&key)), TAG_GROW).await?;
+        self.index.forget(&lv_name(&key));
         Ok(())
     }
 
     async fn filesystem_made(&self, vol: &Volume) -> Result<()> {
-        let key = volume_key(vol)?;
-        lvm::delete_tag(&self.lv_path(&lv_name(&key)), TAG_UNFORMATTED).await?;
+        let name = lv_name(&volume_key(vol)?);
+        let done = lvm::delete_tag(&self.lv_path(&name), TAG_UNFORMATTED).await;
+        // NodeStage erases a volume the index says is `unformatted`, so the
+        // entry must never keep a tag lvm no longer has: mirror the change,
+        // or (lvchange failed, and may have committed) forget the entry.
+        match (&done, self.index.get(&name)) {
+            (Ok(()), Some(mut lv)) => {
+                lv.tags.retain(|t| t != TAG_UNFORMATTED);
+                self.index.put(lv);
+            }
+            _ => self.index.forget(&name),
+        }
+        done?;
         Ok(())
     }
 
@@ -623,6 +857,7 @@ impl NodeSide for LvmPool {
         let Some(key) = VolumeKey::parse(key) else {
             return Ok(None);
         };
+        // The condition is the LV's state now (lvs), never the index's.
         let Some(lv) = self.lookup(&key).await? else {
             return Ok(Some(format!("LV {}/{} is missing", self.vg, lv_name(&key))));
         };

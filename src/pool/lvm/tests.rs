@@ -29,6 +29,8 @@ fn pool(name: &str, thin: Option<&str>) -> LvmPool {
         health: HealthCache::default(),
         wiper: None,
         storage: None,
+        index: LvIndex::default(),
+        extent: std::sync::atomic::AtomicU64::new(4 * MI),
     }
 }
 
@@ -489,4 +491,117 @@ fn new_mount_volumes_are_unformatted_until_the_node_says_otherwise() {
     ];
     assert!(p.to_volume(&lv(&lv_name, &tags)).unwrap().unformatted);
     assert!(!p.to_volume(&lv(&lv_name, &tags[..4])).unwrap().unformatted);
+    // `unformatted` marks a mount volume's unfinished LV too: it is never
+    // also tagged `creating` (which would take a second lvm run to remove).
+    assert!(!args.iter().any(|a| a.contains("creating")), "{args:?}");
+}
+
+/// What a retried CreateVolume takes for an LV a cut-short `lvcreate` left:
+/// one still tagged `creating`, or a never-staged mount volume's LV that is
+/// not active. A staged (formatted) volume is never one, active or not.
+#[test]
+fn cut_short_lvs_are_creating_or_unformatted_and_inactive() {
+    let name = format!("lv-{KEY}");
+    let base = ["localvol", "localvol.pool=thin", "localvol.name=x"];
+    let with = |extra: &[&str], active: bool| {
+        let tags: Vec<&str> = base.iter().chain(extra).copied().collect();
+        let mut l = lv(&name, &tags);
+        l.attr = if active { "-wi-a-----" } else { "-wi-------" }.to_owned();
+        l
+    };
+    assert!(super::cut_short(&with(&["localvol.creating"], true)));
+    assert!(super::cut_short(&with(&["localvol.creating"], false)));
+    assert!(super::cut_short(&with(&["localvol.unformatted"], false)));
+    assert!(!super::cut_short(&with(&["localvol.unformatted"], true)));
+    assert!(
+        !super::cut_short(&with(&[], false)),
+        "a staged volume, inactive"
+    );
+    assert!(!super::cut_short(&with(&[], true)));
+}
+
+#[test]
+fn a_created_lv_is_what_lvs_would_report() {
+    for (kind, thin) in [("thin", Some("tp")), ("thick", None)] {
+        let p = pool("thin", thin);
+        let req = request("pvc-1", AccessType::Block);
+        let mut lv = p.just_created(&req, 64 * MI);
+        assert_eq!(lv.name, lv_name(&req.id.key), "{kind}");
+        assert_eq!(lv.path, format!("/dev/fxvg/{}", lv.name), "{kind}");
+        assert!(lv.is_active(), "{kind}: lvcreate --activate y");
+        assert_eq!(lv.is_thin_volume(), thin.is_some(), "{kind}");
+        assert!(!lv.is_cow_snapshot() && !lv.is_thin_pool(), "{kind}");
+        assert!(!lv.open, "{kind}");
+        // Hidden until the creating tag goes, then exactly the volume asked for.
+        assert!(p.to_volume(&lv).is_none(), "{kind}: still tagged creating");
+        lv.tags.retain(|t| t != TAG_CREATING);
+        let vol = p.to_volume(&lv).unwrap();
+        assert_eq!(vol.id, req.id.to_string());
+        assert_eq!(vol.size_bytes, 64 * MI);
+        assert!(!vol.inactive);
+        super::super::matches_request(vol, &req, false).unwrap();
+        // A mount volume is visible at once, still to be formatted.
+        let mount = p.just_created(&request("pvc-2", AccessType::Mount), 64 * MI);
+        let vol = p.to_volume(&mount).expect("a new mount volume");
+        assert!(vol.unformatted && !vol.inactive, "{kind}: {vol:?}");
+    }
+    // The recorded thin volume's attributes read the same way.
+    let recorded = lv("lv-0123456789abcdef0123456789abcdef", &[]);
+    let made = pool("thin", Some("tp")).just_created(&request("pvc-1", AccessType::Mount), MI);
+    assert_eq!(recorded.is_thin_volume(), made.is_thin_volume());
+    assert_eq!(recorded.is_active(), made.is_active());
+    assert_eq!(recorded.zeroes_new_blocks(), made.zeroes_new_blocks());
+}
+
+#[test]
+fn the_index_keeps_volumes_and_drops_reads_older_than_its_changes() {
+    let all = lvm::parse_lvs(LVS_THIN).unwrap();
+    let vol = "lv-0123456789abcdef0123456789abcdef";
+    let idx = LvIndex::default();
+    let e = idx.epoch();
+    idx.replace(e, &all);
+    assert_eq!(
+        idx.len(),
+        1,
+        "only lv- LVs: not the snapshot or the thin pool"
+    );
+    assert!(idx.get(vol).is_some() && idx.get("tp").is_none());
+
+    // A read that began before one of the driver's own changes is dropped.
+    let before = idx.epoch();
+    idx.forget(vol);
+    idx.replace(before, &all);
+    assert!(idx.get(vol).is_none(), "a stale full read came back");
+    idx.store(before, vol, all.first());
+    assert!(idx.get(vol).is_none(), "a stale single read came back");
+
+    // Current reads are kept, and a read that found nothing drops the entry.
+    let now = idx.epoch();
+    idx.store(now, vol, all.first());
+    assert!(idx.get(vol).is_some());
+    idx.store(idx.epoch(), vol, None);
+    assert!(idx.get(vol).is_none());
+    idx.put(all[0].clone());
+    assert_eq!(idx.get(vol).unwrap().size, 64 * MI);
+    idx.put(all[1].clone());
+    assert!(idx.get(&all[1].name).is_none(), "snapshots are not indexed");
+}
+
+#[test]
+fn one_lvs_reports_the_lvs_and_their_vg() {
+    let json = r#"{"report":[{"lv":[
+        {"lv_name":"tp","vg_name":"fxvg","lv_size":"268435456","lv_tags":"","lv_attr":"twi-aotz--","pool_lv":"","origin":"","data_percent":"6.62","metadata_percent":"11.23","lv_path":"","lv_device_open":"open","lv_time":"2026-11-22 04:26:30 +0000","vg_size":"2143289344","vg_free":"1866465280","vg_extent_size":"4194304","vg_free_count":"445","vg_tags":"a,b"}
+    ]}]}"#;
+    let (lvs, vg) = lvm::parse_lvs_and_vg(json).unwrap();
+    assert_eq!(lvs.len(), 1);
+    assert!(lvs[0].is_thin_pool());
+    let vg = vg.unwrap();
+    assert_eq!(vg.name, "fxvg");
+    assert_eq!(vg.size, 2_143_289_344);
+    assert_eq!(vg.free, 1_866_465_280);
+    assert_eq!(vg.extent_size, 4 * MI);
+    assert_eq!(vg.free_extents, 445);
+    assert_eq!(vg.tags, ["a", "b"]);
+    let (none, no_vg) = lvm::parse_lvs_and_vg(r#"{"report":[{"lv":[]}]}"#).unwrap();
+    assert!(none.is_empty() && no_vg.is_none());
 }
