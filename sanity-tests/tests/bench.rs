@@ -10,6 +10,13 @@ use std::process::Command;
 use sanity_tests::*;
 use serde_json::Value;
 
+/// The node-scale scenarios report (and these tests compare) the length of
+/// the mount table, which is the whole host's and which every test here
+/// changes as it stages and publishes: the tests take turns. Run in
+/// parallel, a level with more volumes published could read fewer mount
+/// lines than the level before it (seen once in CI).
+static ONE_AT_A_TIME: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
 /// Runs `localvol bench --json` with `args` and returns the report.
 fn bench(endpoint: &str, work_dir: &Path, args: &[&str]) -> Value {
     let out = Command::new(localvol_bin())
@@ -58,6 +65,7 @@ fn assert_counts(report: &Value, n: u64) {
 #[tokio::test]
 async fn bench_drives_lifecycles_and_leaves_nothing() {
     require_root();
+    let _turn = ONE_AT_A_TIME.lock().await;
     let d = Driver::start_default().await;
     let endpoint = d.endpoint.to_string();
     let work = d.kubelet_dir().join("bench");
@@ -125,6 +133,7 @@ async fn bench_drives_lifecycles_and_leaves_nothing() {
 #[tokio::test]
 async fn a_failing_driver_stops_the_bench_with_its_error() {
     require_root();
+    let _turn = ONE_AT_A_TIME.lock().await;
     // A 4Mi pool: the second 3Mi volume does not fit.
     let d = Driver::start(DriverOpts::with_pool(PoolOpts::new("p").capacity("4Mi"))).await;
     let out = Command::new(localvol_bin())
@@ -186,6 +195,7 @@ async fn assert_nothing_left(d: &Driver) {
 #[tokio::test]
 async fn scenarios_report_and_leave_nothing() {
     require_root();
+    let _turn = ONE_AT_A_TIME.lock().await;
     let d = Driver::start_default().await;
     let endpoint = d.endpoint.to_string();
     let work = d.kubelet_dir().join("bench");
@@ -271,6 +281,7 @@ async fn scenarios_report_and_leave_nothing() {
 #[tokio::test]
 async fn scenarios_start_their_own_driver() {
     require_root();
+    let _turn = ONE_AT_A_TIME.lock().await;
     let t = tempfile::tempdir().unwrap();
     let (pool, kubelet) = (t.path().join("pool"), t.path().join("kubelet"));
     std::fs::create_dir_all(kubelet.join("bench")).unwrap();
