@@ -665,6 +665,20 @@ pub async fn remove(lv_path: &str) -> Result<(), LvmError> {
 /// and nothing can change between them. `Ok(true)`: removed; `Ok(false)`:
 /// not removed (missing, or not selected; lvm's message is not what it
 /// always was, which is also `false`): the caller looks and decides.
+/// Whether lvm refused to remove an LV because something holds it: mounted
+/// or open ("... in use", "Can't remove open logical volume"), or the
+/// backing of another dm device such as a dm-crypt mapping ("... is used by
+/// another device").
+pub fn refused_as_held(e: &LvmError) -> bool {
+    let LvmError::Command(c) = e else {
+        return false;
+    };
+    let err = c.stderr();
+    ["in use", "used by another device", "open logical volume"]
+        .iter()
+        .any(|m| err.contains(m))
+}
+
 pub async fn remove_selected(lv_path: &str, select: &str) -> Result<bool, LvmError> {
     let args = ["lvremove", "--yes", "--select", select, lv_path];
     match run(args.iter().map(|s| s.to_string()).collect()).await {
@@ -725,6 +739,27 @@ pub async fn delete_tag(lv_path: &str, tag: &str) -> Result<(), LvmError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn removals_refused_because_the_lv_is_held_are_told_apart() {
+        let failed = |stderr: &str| {
+            LvmError::Command(CommandError::Failed {
+                program: "lvm".into(),
+                code: Some(5),
+                stdout: String::new(),
+                stderr: stderr.into(),
+            })
+        };
+        for held in [
+            "  Logical volume vg/lv-1 is used by another device.",
+            "  Logical volume vg/lv-1 contains a filesystem in use.",
+            "  Can't remove open logical volume \"lv-1\".",
+        ] {
+            assert!(refused_as_held(&failed(held)), "{held}");
+        }
+        assert!(!refused_as_held(&failed("  Volume group \"vg\" not found")));
+        assert!(!refused_as_held(&LvmError::NotFound("vg/lv-1".into())));
+    }
 
     #[tokio::test]
     async fn runs_are_counted_by_caller_and_subcommand() {

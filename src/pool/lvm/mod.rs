@@ -282,9 +282,10 @@ impl LvmPool {
         self.index.forget(&name);
         match lvm::remove_selected(&self.lv_path(&name), &select).await {
             Ok(removed) => Ok(removed),
-            // lvm refused an open LV: the checked path says why (or closes
-            // a mapping a killed driver left open).
-            Err(LvmError::Command(e)) if e.stderr().contains("in use") => Ok(false),
+            // lvm refused an LV that is open or held by another device (an
+            // encrypted volume's mapping): the checked path says why, or
+            // closes a mapping a killed driver left open (vm_luks).
+            Err(e) if lvm::refused_as_held(&e) => Ok(false),
             // Anything else (lvremove killed, timed out) fails this delete
             // as it is; a retry finds out what is left.
             Err(e) => Err(e.into()),
