@@ -887,6 +887,15 @@ impl Driver {
     }
 
     /// Every volume ListVolumes reports (following next_token).
+    /// The ids of every volume ListVolumes returns, in its order.
+    pub async fn list_ids(&self) -> Vec<String> {
+        self.list_all()
+            .await
+            .into_iter()
+            .map(|v| v.volume_id)
+            .collect()
+    }
+
     pub async fn list_all(&self) -> Vec<csi::Volume> {
         let mut out = Vec::new();
         let mut token = String::new();

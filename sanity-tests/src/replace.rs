@@ -137,12 +137,7 @@ pub async fn kept_after_node_loss(opts: DriverOpts, pool: &str) -> Outcome {
             .iter()
             .filter(|l| *l == "EVENT OrphanKeptAfterNodeLoss")
             .count();
-        let listed: Vec<String> = d
-            .list_all()
-            .await
-            .into_iter()
-            .map(|v| v.volume_id)
-            .collect();
+        let listed: Vec<String> = d.list_ids().await;
         let annotated = api
             .get(&csinode)
             .is_some_and(|c| !c["metadata"]["annotations"]["localvol.csi.dev/storage"].is_null());
@@ -156,12 +151,7 @@ pub async fn kept_after_node_loss(opts: DriverOpts, pool: &str) -> Outcome {
         );
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
-    let listed: Vec<String> = d
-        .list_all()
-        .await
-        .into_iter()
-        .map(|v| v.volume_id)
-        .collect();
+    let listed: Vec<String> = d.list_ids().await;
     for kept in &ids[..2] {
         assert!(listed.contains(kept), "{kept} was reclaimed: {listed:?}");
     }

@@ -150,12 +150,7 @@ async fn state_survives_restarts_between_steps() {
     assert_file(&data, "persist", b"written before restart");
     d.delete(&id).await;
     d.restart().await;
-    let left: Vec<String> = d
-        .list_all()
-        .await
-        .into_iter()
-        .map(|v| v.volume_id)
-        .collect();
+    let left: Vec<String> = d.list_ids().await;
     assert_eq!(left, std::slice::from_ref(&b.volume_id));
     assert!(!data.exists());
 }
@@ -216,12 +211,7 @@ async fn restart_cleans_up_interrupted_writes() {
     d.start_again().await;
 
     assert!(!tmp.exists(), "temp record not cleaned up at start");
-    let ids: Vec<String> = d
-        .list_all()
-        .await
-        .into_iter()
-        .map(|v| v.volume_id)
-        .collect();
+    let ids: Vec<String> = d.list_ids().await;
     assert_eq!(
         ids,
         std::slice::from_ref(&v.volume_id),

@@ -92,12 +92,7 @@ async fn assert_holds_exactly(f: &Fx, kept: &BTreeSet<String>, when: &str) {
     // A thick pool's deleted LVs wait as `wp-` LVs until zeroed (a restarted
     // driver resumes them): the wipes must end, then nothing may be left.
     f.wait_for_wipes().await;
-    let listed: BTreeSet<String> =
-        f.d.list_all()
-            .await
-            .into_iter()
-            .map(|v| v.volume_id)
-            .collect();
+    let listed: BTreeSet<String> = f.d.list_ids().await.into_iter().collect();
     assert_eq!(&listed, kept, "{when}: ListVolumes against the kept set");
     let left = f.d.mounts_below_dir();
     assert!(left.is_empty(), "{when}: mounts left: {left:#?}");
@@ -560,12 +555,7 @@ async fn lvm_killed_mid_lvcreate_and_lvremove(kind: Kind) {
             ),
             "{name}: CreateVolume with lvcreate killed after {delay}s: {err:?}"
         );
-        let listed: Vec<String> =
-            f.d.list_all()
-                .await
-                .into_iter()
-                .map(|v| v.volume_id)
-                .collect();
+        let listed: Vec<String> = f.d.list_ids().await;
         if let Some(lv) = f.vg.lvs().into_iter().find(|l| l.name.starts_with("lv-")) {
             assert!(
                 lv.tags

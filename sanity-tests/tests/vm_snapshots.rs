@@ -161,13 +161,7 @@ impl SnapshotOps for Fx {
     }
 
     async fn volume_ids(&self) -> Vec<String> {
-        let mut v: Vec<String> = self
-            .d
-            .list_all()
-            .await
-            .into_iter()
-            .map(|v| v.volume_id)
-            .collect();
+        let mut v: Vec<String> = self.d.list_ids().await;
         v.sort();
         v
     }
