@@ -206,8 +206,15 @@ pub fn mapped_device(name: &str) -> Result<Option<String>> {
         Err(CryptError::Mount(crate::mount::MountError::DeviceMissing { .. })) => return Ok(None),
         Err(e) => return Err(e),
     };
+    // A node whose device is gone (removed by a `dmsetup remove` that
+    // outlived a killed driver, with no udev to remove the node) has no
+    // sysfs entry: no mapping. So for an entry that vanishes while read.
+    let gone = |e: &std::io::Error| e.kind() == std::io::ErrorKind::NotFound;
     let slaves = PathBuf::from(format!("/sys/dev/block/{mapping}/slaves"));
-    let mut below = std::fs::read_dir(&slaves).ctx(|| format!("reading {slaves:?}"))?;
+    let mut below = match std::fs::read_dir(&slaves) {
+        Err(e) if gone(&e) => return Ok(None),
+        r => r.ctx(|| format!("reading {slaves:?}"))?,
+    };
     let Some(entry) = below.next() else {
         return Ok(None);
     };
@@ -215,7 +222,10 @@ pub fn mapped_device(name: &str) -> Result<Option<String>> {
         .ctx(|| format!("reading {slaves:?}"))?
         .path()
         .join("dev");
-    let number = std::fs::read_to_string(&dev).ctx(|| format!("reading {dev:?}"))?;
+    let number = match std::fs::read_to_string(&dev) {
+        Err(e) if gone(&e) => return Ok(None),
+        r => r.ctx(|| format!("reading {dev:?}"))?,
+    };
     Ok(Some(number.trim().to_owned()))
 }
 
