@@ -1872,17 +1872,20 @@ impl LoopVg {
     }
 }
 
+/// Runs a command, true when it succeeded; output discarded (cleanup steps
+/// whose failure the caller handles or may ignore).
+pub fn quiet(program: &str, args: &[&str]) -> bool {
+    Command::new(program)
+        .args(args)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success())
+}
+
 impl Drop for LoopVg {
     fn drop(&mut self) {
-        let quiet = |args: &[&str]| {
-            Command::new("lvm")
-                .args(args)
-                .stdin(Stdio::null())
-                .stdout(Stdio::null())
-                .stderr(Stdio::null())
-                .status()
-                .is_ok_and(|s| s.success())
-        };
         // Unmount whatever a failed test left mounted from this VG's LVs: the
         // dm devices named `<vg>-...` (this VG's name has no '-').
         let prefix = format!("{}-", self.vg);
@@ -1911,7 +1914,7 @@ impl Drop for LoopVg {
         }
         // Deactivating is enough: the metadata goes with the image file, and
         // it is cheaper than vgremove (each lvm call is slow in the VM).
-        if !quiet(&["vgchange", "-qq", "-an", &self.vg]) {
+        if !quiet("lvm", &["vgchange", "-qq", "-an", &self.vg]) {
             eprintln!(
                 "WARNING: vgchange -an {} failed; removing its dm devices",
                 self.vg
@@ -1934,7 +1937,7 @@ impl Drop for LoopVg {
                         .status();
                 }
             }
-            quiet(&["vgchange", "-qq", "-an", &self.vg]);
+            quiet("lvm", &["vgchange", "-qq", "-an", &self.vg]);
         }
         // The loop device detaches when `device` drops, and the image goes
         // with the temp dir.

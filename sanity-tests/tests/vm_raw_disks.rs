@@ -158,17 +158,6 @@ impl Drop for Disks {
     }
 }
 
-/// Runs a command, true when it succeeded; output discarded.
-fn quiet(program: &str, args: &[&str]) -> bool {
-    Command::new(program)
-        .args(args)
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .status()
-        .is_ok_and(|s| s.success())
-}
-
 /// sha256 of the whole device.
 fn checksum(dev: &Path) -> String {
     run_cmd("sha256sum", &[&path_str(dev)])
