@@ -1,0 +1,33 @@
+#!/usr/bin/env bash
+# Story b — a dir volume with an enforced size: WaitForFirstConsumer binds it when its pod
+# is scheduled, the pod writes, a write past the size fails inside the pod, and deleting
+# the pod and claim removes the directory from the node.
+. "$(dirname "$0")/../lib.sh"
+start_story
+
+pvc data localvol-quota 32Mi
+phase=$(kn get pvc data -o jsonpath='{.status.phase}')
+expect_eq "claim phase before any pod (WaitForFirstConsumer)" "$phase" Pending
+
+out=$(run_pod writer data '
+dd if=/dev/zero of=/data/fits bs=1M count=16 conv=fsync 2>&1 && echo FITS
+if dd if=/dev/zero of=/data/past bs=1M count=64 conv=fsync 2>/tmp/err; then echo PAST-WRITTEN; fi
+cat /tmp/err; df -k /data | tail -1')
+echo "$out" | grep -q FITS || fail "writing 16 MiB into a 32 MiB volume failed: $out"
+echo "$out" | grep -q PAST-WRITTEN && fail "writing 80 MiB into a 32 MiB volume succeeded (the size is not enforced): $out"
+echo "$out" | grep -qi "quota exceeded\|no space" || fail "the write past the size failed, but not with EDQUOT/ENOSPC: $out"
+
+pv=$(pv_of data)
+handle=$(k get pv "$pv" -o jsonpath='{.spec.csi.volumeHandle}')
+[ -n "$handle" ] || fail "PV $pv has no CSI volume handle"
+node=$(k get pv "$pv" -o jsonpath='{.spec.nodeAffinity.required.nodeSelectorTerms[0].matchExpressions[0].values[0]}')
+[ -n "$node" ] || fail "PV $pv has no node affinity: a local volume must be pinned to its node"
+dirs=$(on_node ls /var/lib/localvol/quota/volumes)
+[ -n "$dirs" ] || fail "no volume directory on the node while the claim is bound"
+
+delete_pod writer
+delete_claim data
+gone() { [ -z "$(on_node ls /var/lib/localvol/quota/volumes)" ]; }
+wait_for "directory removed" 60 gone ||
+    fail "the volume's directory is still on the node after its claim was deleted: $(on_node ls -la /var/lib/localvol/quota/volumes)"
+say "bound on first consumer, 16 MiB written, the write past 32 MiB refused, directory removed"
