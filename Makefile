@@ -9,7 +9,7 @@ NODE       ?= $(shell hostname)
 BIN        := target/release/localvol
 IMAGE      ?= localvol:dev
 
-.PHONY: run build test fmt-check clippy unit sanity soak upstream-sanity validate-deploy test-vm test-image e2e bench bench-vm image clean
+.PHONY: run build test fmt-check clippy unit sanity soak upstream-sanity validate-deploy test-vm test-image e2e e2e-build bench bench-vm image clean
 
 build:
 	$(CARGO) build --release --locked --bin localvol
@@ -194,3 +194,8 @@ image:
 
 clean:
 	$(CARGO) clean
+
+# The e2e cluster's programs and images, built from upstream source (cached outside the
+# checkout; prints the directory that holds them; see e2e/README.md).
+e2e-build:
+	@e2e/build
