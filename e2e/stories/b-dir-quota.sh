@@ -22,12 +22,12 @@ handle=$(k get pv "$pv" -o jsonpath='{.spec.csi.volumeHandle}')
 [ -n "$handle" ] || fail "PV $pv has no CSI volume handle"
 node=$(k get pv "$pv" -o jsonpath='{.spec.nodeAffinity.required.nodeSelectorTerms[0].matchExpressions[0].values[0]}')
 [ -n "$node" ] || fail "PV $pv has no node affinity: a local volume must be pinned to its node"
-dirs=$(on_node ls /var/lib/localvol/quota/volumes)
+dirs=$(on_node ls /var/lib/localvol-dirpool/quota/volumes)
 [ -n "$dirs" ] || fail "no volume directory on the node while the claim is bound"
 
 delete_pod writer
 delete_claim data
-gone() { [ -z "$(on_node ls /var/lib/localvol/quota/volumes)" ]; }
+gone() { [ -z "$(on_node ls /var/lib/localvol-dirpool/quota/volumes)" ]; }
 wait_for "directory removed" 60 gone ||
-    fail "the volume's directory is still on the node after its claim was deleted: $(on_node ls -la /var/lib/localvol/quota/volumes)"
+    fail "the volume's directory is still on the node after its claim was deleted: $(on_node ls -la /var/lib/localvol-dirpool/quota/volumes)"
 say "bound on first consumer, 16 MiB written, the write past 32 MiB refused, directory removed"

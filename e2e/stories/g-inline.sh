@@ -23,7 +23,7 @@ out=$(pod_finish scratch)
 size=$(echo "$out" | awk 'END {print $2}')
 [ "${size:-0}" -gt 0 ] && [ "$size" -le 33000 ] || fail "the inline volume is not 32Mi in the pod: $out"
 delete_pod scratch
-gone() { [ -z "$(on_node ls /var/lib/localvol/quota/volumes)" ]; }
+gone() { [ -z "$(on_node ls /var/lib/localvol-dirpool/quota/volumes)" ]; }
 wait_for "inline volume removed" 60 gone ||
     fail "the inline volume's directory is still on the node after its pod was deleted"
 say "inline volume of 32Mi served the pod and went with it"
