@@ -139,7 +139,7 @@ struct ServeArgs {
     /// Blocking threads at most (they make the syscalls). Default: 4 per core, at least 32.
     #[arg(long, env = "LOCALVOL_BLOCKING_THREADS", value_parser = clap::value_parser!(u16).range(1..))]
     blocking_threads: Option<u16>,
-    /// glibc malloc arenas at most (MALLOC_ARENA_MAX, when set, wins). Default: one per usable core.
+    /// glibc malloc arenas at most (MALLOC_ARENA_MAX, when set, wins). Default: one per 4 usable cores, at least 1.
     #[arg(long, env = "LOCALVOL_MALLOC_ARENAS", value_parser = clap::value_parser!(u16).range(1..))]
     malloc_arenas: Option<u16>,
 }
