@@ -9,6 +9,7 @@ pub mod config;
 pub mod controller;
 mod crypt;
 pub mod discovery;
+mod dm;
 mod driver;
 pub mod endpoint;
 pub mod error;

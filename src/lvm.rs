@@ -542,6 +542,31 @@ pub fn thin_pool_args(vg: &str, name: &str, size: ThinPoolSize) -> Vec<String> {
     a
 }
 
+tokio::task_local! {
+    /// The `lvs` answers of one [`one_lvs_per_vg`] scope, by VG.
+    static VG_READS: std::cell::RefCell<std::collections::HashMap<String, Vec<LvInfo>>>;
+}
+
+/// Runs `f` with [`lvs_once`] answering each VG from one `lvs`: pools that
+/// share a VG (a thick and a thin pool on one disk) list it once per
+/// ListVolumes. Only for reads that change nothing between them.
+pub async fn one_lvs_per_vg<F: Future>(f: F) -> F::Output {
+    VG_READS
+        .scope(std::cell::RefCell::new(Default::default()), f)
+        .await
+}
+
+/// [`lvs`], answered from the enclosing [`one_lvs_per_vg`] scope when the
+/// VG was read there already.
+pub async fn lvs_once(vg: &str) -> Result<Vec<LvInfo>, LvmError> {
+    if let Ok(Some(all)) = VG_READS.try_with(|m| m.borrow().get(vg).cloned()) {
+        return Ok(all);
+    }
+    let all = lvs(vg).await?;
+    let _ = VG_READS.try_with(|m| m.borrow_mut().insert(vg.to_owned(), all.clone()));
+    Ok(all)
+}
+
 /// All logical volumes of a volume group.
 pub async fn lvs(vg: &str) -> Result<Vec<LvInfo>, LvmError> {
     let mut args = report_args("lvs", LV_FIELDS);

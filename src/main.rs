@@ -133,6 +133,25 @@ struct ServeArgs {
     /// in-cluster one: tests and debugging only.
     #[arg(long, hide = true)]
     kube_api: Option<String>,
+    /// Async workers (they decode and encode the RPCs). Default: one per usable core.
+    #[arg(long, env = "LOCALVOL_WORKERS", value_parser = clap::value_parser!(u16).range(1..))]
+    workers: Option<u16>,
+    /// Blocking threads at most (they make the syscalls). Default: 4 per core, at least 32.
+    #[arg(long, env = "LOCALVOL_BLOCKING_THREADS", value_parser = clap::value_parser!(u16).range(1..))]
+    blocking_threads: Option<u16>,
+    /// glibc malloc arenas at most (MALLOC_ARENA_MAX, when set, wins). Default: one per 4 usable cores, at least 1.
+    #[arg(long, env = "LOCALVOL_MALLOC_ARENAS", value_parser = clap::value_parser!(u16).range(1..))]
+    malloc_arenas: Option<u16>,
+}
+
+impl ServeArgs {
+    fn sizing(&self) -> server::RuntimeSizing {
+        server::RuntimeSizing {
+            workers: self.workers.map(usize::from),
+            blocking_threads: self.blocking_threads.map(usize::from),
+            malloc_arenas: self.malloc_arenas.map(usize::from),
+        }
+    }
 }
 
 fn init_logging(format: LogFormat) {
@@ -178,9 +197,17 @@ async fn serve(args: ServeArgs) -> Result<(), String> {
 fn main() -> ExitCode {
     let cli = Cli::parse();
     init_logging(cli.log_format);
-    // The driver runs on its own tuned runtime; the clients on tokio's default.
-    let rt = match cli.command {
-        Command::Serve(_) => server::runtime(),
+    // The driver runs on its own sized runtime; the clients on tokio's default.
+    let rt = match &cli.command {
+        Command::Serve(a) => server::runtime(a.sizing()).map(|(rt, r)| {
+            tracing::info!(
+                workers = r.workers,
+                blocking_threads = r.blocking_threads,
+                malloc_arenas = r.malloc_arenas,
+                "runtime"
+            );
+            rt
+        }),
         _ => tokio::runtime::Runtime::new(),
     };
     match rt {

@@ -58,45 +58,95 @@ pub struct ServeOptions {
     pub kube_api: Option<String>,
 }
 
-/// Async workers of `localvol serve`, at most: they decode requests, encode
-/// answers and hand the work to blocking threads, which is little work.
-pub const MAX_WORKERS: usize = 4;
-/// Blocking threads per core, at most: they make the syscalls (mounts, which
-/// the kernel serialises per mount namespace anyway, and fsyncs, which wait
-/// on the disk). Without a limit every concurrent request gets a thread of
-/// its own, each with its stack and, before the arena limit, its own heap.
-pub const BLOCKING_PER_CORE: usize = 4;
-/// Blocking threads, at least, whatever the core count: a syscall on a hung
-/// device (a mount, an fsync) holds its thread until the device answers, and
-/// requests for other volumes must still find threads meanwhile. Idle
-/// threads exit after tokio's keep-alive (10 s), so the floor costs nothing
-/// when the driver is quiet.
-pub const MIN_BLOCKING: usize = 32;
-/// glibc malloc arenas, at most (glibc's default is 8 per core, so every
-/// blocking thread gets a heap of its own that keeps freed memory around).
-/// One: the threads' own caches (tcache) serve most small allocations
-/// without the arena's lock, and a second arena measured ~0.5 MiB more peak
-/// RSS at 16 concurrent lifecycles with no gain in lifecycles/s.
-pub const MALLOC_ARENAS: i32 = 1;
+/// How big the serving runtime is: async workers, blocking threads and glibc
+/// malloc arenas. Each `None` takes the default for the cores this process
+/// may use ([`std::thread::available_parallelism`], which honours a cgroup
+/// CPU limit); `localvol serve --workers/--blocking-threads/--malloc-arenas`
+/// (env `LOCALVOL_WORKERS`, `LOCALVOL_BLOCKING_THREADS`,
+/// `LOCALVOL_MALLOC_ARENAS`) set them. How the defaults were chosen:
+/// README, "Runtime sizing".
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct RuntimeSizing {
+    pub workers: Option<usize>,
+    pub blocking_threads: Option<usize>,
+    pub malloc_arenas: Option<usize>,
+}
 
-/// The runtime `localvol serve` runs on: a node daemon that mostly waits on
-/// the kernel, whose memory is counted on every node. Caps the workers, the
-/// blocking threads and glibc's arenas (see the constants above; an
-/// operator's `MALLOC_ARENA_MAX` in the environment wins). Call it before any
-/// thread is started.
-pub fn runtime() -> std::io::Result<tokio::runtime::Runtime> {
-    if std::env::var_os("MALLOC_ARENA_MAX").is_none() {
-        // SAFETY: mallopt only sets a malloc parameter; no thread runs yet.
-        unsafe {
-            libc::mallopt(libc::M_ARENA_MAX, MALLOC_ARENAS);
+/// Cores per malloc arena by default (at least one arena).
+pub const CORES_PER_ARENA: usize = 4;
+/// Blocking threads per core, at most by default: they make the syscalls
+/// (mounts, which the kernel serialises per mount namespace anyway, and
+/// fsyncs, which wait on the disk). Without a limit every concurrent request
+/// gets a thread of its own, each with its stack and heap.
+pub const BLOCKING_PER_CORE: usize = 4;
+/// Blocking threads, at least by default, whatever the core count: a syscall
+/// on a hung device (a mount, an fsync) holds its thread until the device
+/// answers, and requests for other volumes must still find threads
+/// meanwhile. Idle threads exit after tokio's keep-alive (10 s), so the floor
+/// costs nothing when the driver is quiet.
+pub const MIN_BLOCKING: usize = 32;
+
+impl RuntimeSizing {
+    /// The sizes for `cores` usable cores: every unset one at its default.
+    ///
+    /// - workers: one per core (tokio's own default). They decode and encode
+    ///   every RPC (HTTP/2, HPACK, protobuf) and hand the work to blocking
+    ///   threads; an idle worker costs one parked thread (a few KiB
+    ///   resident), and fewer workers than cores capped a 16-core node at
+    ///   half its lifecycles/s (issue 26).
+    /// - blocking threads: [`BLOCKING_PER_CORE`] per core, at least
+    ///   [`MIN_BLOCKING`].
+    /// - malloc arenas: one per [`CORES_PER_ARENA`] cores, at least one.
+    ///   glibc's own default is 8 per core, so that every blocking thread
+    ///   ends up with a heap of its own that keeps freed memory around; one
+    ///   arena for all makes threads on different cores queue on its lock
+    ///   whenever their thread cache misses (issue 26: a third of a 16-core
+    ///   node's lifecycles/s at C=64). Each arena keeps its own free memory:
+    ///   on 2 cores a second arena measured 2-3 MiB more RSS while 10,000
+    ///   volumes were created, listed and deleted, so 2 cores keep one and
+    ///   16 get four.
+    pub fn resolve(self, cores: usize) -> Resolved {
+        let cores = cores.max(1);
+        Resolved {
+            workers: self.workers.unwrap_or(cores).max(1),
+            blocking_threads: self
+                .blocking_threads
+                .unwrap_or((cores * BLOCKING_PER_CORE).max(MIN_BLOCKING))
+                .max(1),
+            malloc_arenas: self.malloc_arenas.unwrap_or(cores / CORES_PER_ARENA).max(1),
         }
     }
+}
+
+/// [`RuntimeSizing`] with every size decided.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Resolved {
+    pub workers: usize,
+    pub blocking_threads: usize,
+    pub malloc_arenas: usize,
+}
+
+/// The runtime `localvol serve` runs on: a node daemon that mostly waits on
+/// the kernel, whose memory is counted on every node, sized by `sizing` (see
+/// [`RuntimeSizing::resolve`]). An operator's `MALLOC_ARENA_MAX` in the
+/// environment wins over the arena count (glibc reads it itself). Call it
+/// before any thread is started.
+pub fn runtime(sizing: RuntimeSizing) -> std::io::Result<(tokio::runtime::Runtime, Resolved)> {
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
-    tokio::runtime::Builder::new_multi_thread()
+    let r = sizing.resolve(cores);
+    if std::env::var_os("MALLOC_ARENA_MAX").is_none() {
+        let arenas = i32::try_from(r.malloc_arenas).unwrap_or(i32::MAX);
+        // SAFETY: mallopt only sets a malloc parameter; no thread runs yet.
+        unsafe {
+            libc::mallopt(libc::M_ARENA_MAX, arenas);
+        }
+    }
+    let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
-        .worker_threads(cores.min(MAX_WORKERS))
-        .max_blocking_threads((cores * BLOCKING_PER_CORE).max(MIN_BLOCKING))
-        .build()
+        .worker_threads(r.workers)
+        .max_blocking_threads(r.blocking_threads)
+        .build()?;
+    Ok((rt, r))
 }
 
 /// Opens the pools and assembles the shared driver state.
@@ -324,5 +374,30 @@ pub async fn shutdown_signal() {
     tokio::select! {
         _ = term.recv() => tracing::info!("SIGTERM: shutting down"),
         _ = int.recv() => tracing::info!("SIGINT: shutting down"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn runtime_sizes_default_to_the_cores_and_an_operator_sets_each() {
+        let r = RuntimeSizing::default().resolve(2);
+        assert_eq!((r.workers, r.blocking_threads, r.malloc_arenas), (2, 32, 1));
+        let r = RuntimeSizing::default().resolve(16);
+        assert_eq!(
+            (r.workers, r.blocking_threads, r.malloc_arenas),
+            (16, 64, 4)
+        );
+        let set = RuntimeSizing {
+            workers: Some(4),
+            blocking_threads: Some(8),
+            malloc_arenas: Some(1),
+        };
+        let r = set.resolve(16);
+        assert_eq!((r.workers, r.blocking_threads, r.malloc_arenas), (4, 8, 1));
+        let r = RuntimeSizing::default().resolve(0);
+        assert_eq!((r.workers, r.malloc_arenas), (1, 1));
     }
 }

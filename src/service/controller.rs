@@ -544,10 +544,15 @@ impl csi::controller_server::Controller for ControllerService {
             let token = req.starting_token.as_str();
             // One more than a page from each pool, from the token on: the
             // first max + 1 of them all are this page and the next token.
+            // Pools that share a volume group read it with one `lvs`.
             let mut all = Vec::new();
-            for pool in self.driver.pools.iter() {
-                all.extend(pool.list_page(token, max.saturating_add(1)).await?);
-            }
+            crate::lvm::one_lvs_per_vg(async {
+                for pool in self.driver.pools.iter() {
+                    all.extend(pool.list_page(token, max.saturating_add(1)).await?);
+                }
+                Ok::<_, Status>(())
+            })
+            .await?;
             all.sort_by(|a, b| a.id.cmp(&b.id));
             if !token.is_empty() && all.first().is_none_or(|v| v.id != token) {
                 return Err(bad_token(token, "volume"));

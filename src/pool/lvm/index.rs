@@ -9,10 +9,19 @@
 //! entry is one of the pool's finished, active volumes whose device node is
 //! there; anything else is a miss and asks lvm. Creates, deletes, expansions
 //! and snapshots read lvm (or act through a `--select` that lvm checks), so a
-//! stale entry cannot lead them astray.
+//! stale entry cannot lead them astray; the one exception, a thin create's
+//! room check, is below.
 //!
 //! Entries are only ever positive (a volume that is not in the index is
-//! looked up). A read that raced with one of the driver's own changes is
+//! looked up).
+//!
+//! For a thin pool it also keeps the sizes of every thin LV of the thin pool
+//! (the driver's and any other: `promised`), which a thin CreateVolume's
+//! overprovision check adds up instead of running `lvs`. That check refuses
+//! or admits a create and destroys nothing; the total is replaced by every
+//! full `lvs`, kept by the driver's own creates and thin deletes, and
+//! dropped (the next create reads `lvs`) by every other change the driver
+//! makes (expansions, snapshots, restores, a failed removal). A read that raced with one of the driver's own changes is
 //! dropped instead of stored (the `epoch` counts changes): it may predate
 //! them.
 
@@ -24,6 +33,8 @@ use crate::lvm::LvInfo;
 #[derive(Default)]
 pub(super) struct LvIndex {
     inner: Mutex<Inner>,
+    /// The thin pool whose thin LVs `promised` counts (None: thick).
+    thin: Option<String>,
 }
 
 #[derive(Default)]
@@ -31,6 +42,9 @@ struct Inner {
     lvs: HashMap<String, LvInfo>,
     /// Bumped by every change the driver makes itself.
     epoch: u64,
+    /// Thin pools: the size of each thin LV of the thin pool, by name
+    /// (None: not known since a change the driver did not mirror).
+    promised: Option<HashMap<String, u64>>,
 }
 
 /// Whether an LV belongs in the index (the pool's volumes, not snapshots,
@@ -40,6 +54,14 @@ fn indexed(name: &str) -> bool {
 }
 
 impl LvIndex {
+    /// The index of a pool, thin when `thin` names its thin pool.
+    pub fn new(thin: Option<&str>) -> Self {
+        LvIndex {
+            inner: Mutex::default(),
+            thin: thin.map(str::to_owned),
+        }
+    }
+
     fn inner(&self) -> std::sync::MutexGuard<'_, Inner> {
         self.inner.lock().unwrap_or_else(|e| e.into_inner())
     }
@@ -64,11 +86,57 @@ impl LvIndex {
     }
 
     /// What the driver itself just removed or renamed (or changed in a way
-    /// it does not mirror: the next lookup reads lvm).
+    /// it does not mirror: the next lookup reads lvm, and the next thin
+    /// create `lvs`).
     pub fn forget(&self, name: &str) {
         let mut i = self.inner();
         i.epoch += 1;
         i.lvs.remove(name);
+        i.promised = None;
+    }
+
+    /// A change to the thin pool's LVs that is not mirrored (a snapshot, a
+    /// restore): the next thin create reads `lvs`.
+    pub fn unknown_promises(&self) {
+        let mut i = self.inner();
+        i.epoch += 1;
+        i.promised = None;
+    }
+
+    /// A thin volume the driver just created, of `size` bytes.
+    pub fn promise(&self, name: &str, size: u64) {
+        if let Some(p) = self.inner().promised.as_mut() {
+            p.insert(name.to_owned(), size);
+        }
+    }
+
+    /// A volume the driver is about to remove: out of the entries (the
+    /// total keeps it until [`LvIndex::removed`] or
+    /// [`LvIndex::unknown_promises`] says how the removal went).
+    pub fn leaving(&self, name: &str) {
+        let mut i = self.inner();
+        i.epoch += 1;
+        i.lvs.remove(name);
+    }
+
+    /// A thin LV the driver just removed: out of the total.
+    pub fn removed(&self, name: &str) {
+        let mut i = self.inner();
+        i.epoch += 1;
+        if let Some(p) = i.promised.as_mut() {
+            p.remove(name);
+        }
+    }
+
+    /// The sizes promised by the thin pool's LVs, added up (None: not known,
+    /// or `name` is one of them).
+    pub fn promised_without(&self, name: &str) -> Option<u64> {
+        let i = self.inner();
+        let p = i.promised.as_ref()?;
+        match p.contains_key(name) {
+            true => None,
+            false => Some(p.values().sum()),
+        }
     }
 
     /// One LV as an lvm read begun at `epoch` found it (`None`: missing).
@@ -98,6 +166,12 @@ impl LvIndex {
             .filter(|l| indexed(&l.name))
             .map(|l| (l.name.clone(), l.clone()))
             .collect();
+        i.promised = self.thin.as_ref().map(|thin| {
+            all.iter()
+                .filter(|l| l.is_thin_volume() && &l.pool_lv == thin)
+                .map(|l| (l.name.clone(), l.size))
+                .collect()
+        });
     }
 
     #[cfg(test)]

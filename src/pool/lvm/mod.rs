@@ -94,6 +94,7 @@ impl LvmPool {
     pub async fn open(cfg: LvmPoolConfig) -> Result<Self> {
         let cfg_rate = cfg.wipe_rate_limit;
         let thin = cfg.thin_pool_name().map(str::to_owned);
+        let index = LvIndex::new(thin.as_deref());
         let mut pool = LvmPool {
             default_fs: FsType::parse(&cfg.default_fs_type).map_err(|e| {
                 PoolError::Misconfigured {
@@ -115,7 +116,7 @@ impl LvmPool {
             health: HealthCache::default(),
             wiper: None,
             storage: None,
-            index: LvIndex::default(),
+            index,
             extent: std::sync::atomic::AtomicU64::new(0),
         };
         if let Health::Unusable(why) = pool.check_now().await {
@@ -179,6 +180,7 @@ impl LvmPool {
         let _alloc = self.alloc.lock().await;
         let (ever, now) = self.limits().await?;
         self.check_room(size, ever, now.saturating_add(lv.size), what)?;
+        self.index.unknown_promises();
         lvm::extend(&self.lv_path(&lv.name), size).await?;
         Ok(())
     }
@@ -279,8 +281,13 @@ impl LvmPool {
             "lv_tags={{{TAG_OWNER}}} && lv_tags={{{TAG_POOL}={}}}",
             self.name
         );
-        self.index.forget(&name);
-        match lvm::remove_selected(&self.lv_path(&name), &select).await {
+        self.index.leaving(&name);
+        let res = lvm::remove_selected(&self.lv_path(&name), &select).await;
+        match &res {
+            Ok(true) => self.index.removed(&name),
+            _ => self.index.unknown_promises(),
+        }
+        match res {
             Ok(removed) => Ok(removed),
             // lvm refused an LV that is open or held by another device (an
             // encrypted volume's mapping): the checked path says why, or
@@ -351,6 +358,35 @@ impl LvmPool {
         self.lookup(key).await
     }
 
+    /// A thin pool's (largest volume ever, largest creatable now) without
+    /// running lvm: its data size and Data% from the `thin-pool` target, the
+    /// sizes promised from the index. None (ask `lvs`): a thick pool, the
+    /// promises not known, `name` among them already, or the pool's target
+    /// not active.
+    async fn thin_room_without_lvs(&self, name: &str) -> Option<(u64, u64)> {
+        let thin = self.thin.clone()?;
+        let promised = self.index.promised_without(name)?;
+        let vg = self.vg.clone();
+        let (size, st) = crate::error::blocking(move || {
+            crate::dm::thin_pool(&vg, &thin)
+                .map_err(|e| crate::error::IoError::new("reading the thin pool's status", e))
+        })
+        .await
+        .ok()??;
+        if !st.serving() {
+            return None;
+        }
+        let offer = ThinOffer::new(
+            size,
+            Some(st.data_percent),
+            self.ratio,
+            self.reserve,
+            promised,
+            self.cached_extent(),
+        );
+        Some((offer.ever, offer.by_promise))
+    }
+
     /// Every LV of the VG as lvm reports it now (the index is replaced by it).
     async fn all_lvs(&self) -> Result<Vec<LvInfo>> {
         let epoch = self.index.epoch();
@@ -398,6 +434,7 @@ impl LvmPool {
             error = %e,
             "an LV left by a cut-short lvcreate cannot be finished; removing it to create it again"
         );
+        self.index.forget(&lv.name);
         lvm::remove(&self.lv_path(&lv.name)).await?;
         Ok(false)
     }
@@ -436,6 +473,42 @@ impl LvmPool {
         }
         Ok(())
     }
+}
+
+/// A volume's condition from device-mapper alone: `Some(None)` healthy (its
+/// mapping is there, and a thin volume's pool serves below `full` percent),
+/// `Some(Some(why))` abnormal, `None` when it cannot tell (no mapping, or not
+/// one lvm made: the LV is inactive or gone, which lvs tells apart).
+fn dm_condition(vg: &str, lv: &str, thin: Option<&str>, full: f64) -> Option<Option<String>> {
+    let st = crate::dm::status(&crate::dm::lv_name(vg, lv)).ok()??;
+    if !st.is_lvm() {
+        return None;
+    }
+    if st.targets.iter().any(|t| t.status == "Fail") {
+        return Some(Some(format!("LV {vg}/{lv} has failed (device-mapper)")));
+    }
+    let Some(thin) = thin else {
+        return Some(None);
+    };
+    let (_, pool) = crate::dm::thin_pool(vg, thin).ok()??;
+    if pool.data_percent >= full || pool.metadata_percent >= full {
+        return Some(Some(format!(
+            "thin pool {vg}/{thin} is nearly full (data {:.1}%, metadata {:.1}%; threshold {full}%)",
+            pool.data_percent, pool.metadata_percent
+        )));
+    }
+    if !pool.serving() {
+        return Some(Some(format!(
+            "thin pool {vg}/{thin} is {}{} (device-mapper)",
+            pool.mode,
+            if pool.needs_check {
+                ", needs_check"
+            } else {
+                ""
+            }
+        )));
+    }
+    Some(None)
 }
 
 /// Whether an LV is what a cut-short `lvcreate` of a new, empty volume
@@ -509,9 +582,25 @@ impl Pool for LvmPool {
         // either leaves the check to lvcreate, which refuses what does not
         // fit (classified below), and learns of an LV the index misses from
         // lvcreate's "already exists".
+        //
+        // A thin pool whose index knows the sizes its thin LVs promise
+        // checks the room without lvm: the thin pool's size and usage from
+        // its device-mapper status, the promises from the index (see
+        // `index.rs`); an LV of that name already promised (a retry the
+        // index missed) takes the `lvs` path.
         let checked = self.thin.is_some() || self.reserve > 0 || self.overhead != 1.0;
-        let size = if checked {
+        let quick = match checked {
+            true => self.thin_room_without_lvs(&name).await,
+            false => None,
+        };
+        let size = if let Some((ever, now)) = quick {
+            let size = size_in_extents(req.range, self.default_size, self.cached_extent())?;
+            self.check_room(size, ever, now, &what)?;
+            size
+        } else if checked {
+            let epoch = self.index.epoch();
             let (all, vg) = lvm::lvs_and_vg(&self.vg).await?;
+            self.index.replace(epoch, &all);
             self.set_extent(&vg);
             if let Some(lv) = all.iter().find(|l| l.name == name).cloned() {
                 if let Some(vol) = self.existing(req, lv).await? {
@@ -569,6 +658,7 @@ impl Pool for LvmPool {
         }
         if lv.is_active() {
             self.index.put(lv.clone());
+            self.index.promise(&lv.name, lv.size);
         } else {
             self.index.forget(&lv.name);
         }
@@ -725,12 +815,11 @@ impl Pool for LvmPool {
     }
 
     async fn list(&self) -> Result<Vec<Volume>> {
-        Ok(self
-            .all_lvs()
-            .await?
-            .iter()
-            .filter_map(|lv| self.to_volume(lv))
-            .collect())
+        // Within ListVolumes, pools sharing this VG read it once.
+        let epoch = self.index.epoch();
+        let all = lvm::lvs_once(&self.vg).await?;
+        self.index.replace(epoch, &all);
+        Ok(all.iter().filter_map(|lv| self.to_volume(lv)).collect())
     }
 
     async fn capacity(&self) -> Result<Capacity> {
@@ -858,7 +947,18 @@ impl NodeSide for LvmPool {
         let Some(key) = VolumeKey::parse(key) else {
             return Ok(None);
         };
-        // The condition is the LV's state now (lvs), never the index's.
+        // The condition is the LV's state now, never the index's: first as
+        // device-mapper has it (no process: kubelet asks about every volume
+        // every minute); lvs only when that cannot tell (no mapping).
+        let (vg, name, thin) = (self.vg.clone(), lv_name(&key), self.thin.clone());
+        let full = self.full_percent;
+        let from_dm = crate::error::blocking(move || {
+            Ok::<_, crate::error::IoError>(dm_condition(&vg, &name, thin.as_deref(), full))
+        })
+        .await;
+        if let Ok(Some(answer)) = from_dm {
+            return Ok(answer);
+        }
         let Some(lv) = self.lookup(&key).await? else {
             return Ok(Some(format!("LV {}/{} is missing", self.vg, lv_name(&key))));
         };
@@ -927,6 +1027,7 @@ impl Snapshots for LvmPool {
             cow_size,
         };
         let args = lvm::lvcreate_args(&self.vg, &name, &tags, what);
+        self.index.unknown_promises();
         match lvm::change(args).await {
             Ok(()) | Err(LvmError::AlreadyExists(_)) => {}
             Err(e) => return Err(e.into()),

@@ -262,6 +262,7 @@ impl LvmPool {
         let _alloc = self.alloc.lock().await;
         let (ever, now) = self.limits().await?;
         self.check_room(size, ever, now, &format!("volume {}", req.name.as_str()))?;
+        self.index.unknown_promises();
         match lvm::change(self.create_from_args(plan)).await {
             // AlreadyExists: an lvcreate of a create cut short got there
             // first (it may still be running): finished below.

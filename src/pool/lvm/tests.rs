@@ -29,7 +29,7 @@ fn pool(name: &str, thin: Option<&str>) -> LvmPool {
         health: HealthCache::default(),
         wiper: None,
         storage: None,
-        index: LvIndex::default(),
+        index: LvIndex::new(thin),
         extent: std::sync::atomic::AtomicU64::new(4 * MI),
     }
 }
@@ -585,6 +585,55 @@ fn the_index_keeps_volumes_and_drops_reads_older_than_its_changes() {
     assert_eq!(idx.get(vol).unwrap().size, 64 * MI);
     idx.put(all[1].clone());
     assert!(idx.get(&all[1].name).is_none(), "snapshots are not indexed");
+}
+
+#[test]
+fn a_thin_index_adds_up_what_the_thin_pool_promised_until_a_change_it_does_not_mirror() {
+    let all = lvm::parse_lvs(LVS_THIN).unwrap();
+    let vol = "lv-0123456789abcdef0123456789abcdef";
+    let new = "lv-ffffffffffffffffffffffffffffffff";
+    let idx = LvIndex::new(Some("tp"));
+    assert_eq!(idx.promised_without(new), None, "nothing read yet");
+    idx.replace(idx.epoch(), &all);
+    // The volume and the snapshot (thin LVs of tp), not the pool itself.
+    assert_eq!(idx.promised_without(new), Some(128 * MI));
+    assert_eq!(
+        idx.promised_without(vol),
+        None,
+        "a name already promised asks lvs"
+    );
+    // The driver's own create and thin delete are mirrored.
+    idx.promise(new, 32 * MI);
+    assert_eq!(idx.promised_without("lv-x"), Some(160 * MI));
+    idx.leaving(vol);
+    assert_eq!(
+        idx.promised_without("lv-x"),
+        Some(160 * MI),
+        "not removed yet"
+    );
+    idx.removed(vol);
+    assert_eq!(idx.promised_without("lv-x"), Some(96 * MI));
+    // Anything else makes it unknown until the next full read.
+    let before = idx.epoch();
+    idx.unknown_promises();
+    assert_eq!(idx.promised_without("lv-x"), None);
+    idx.replace(before, &all);
+    assert_eq!(
+        idx.promised_without("lv-x"),
+        None,
+        "a stale full read came back"
+    );
+    idx.replace(idx.epoch(), &all);
+    idx.forget(new);
+    assert_eq!(
+        idx.promised_without("lv-x"),
+        None,
+        "forget drops the total too"
+    );
+    // A thick pool's index has no total.
+    let thick = LvIndex::new(None);
+    thick.replace(thick.epoch(), &all);
+    assert_eq!(thick.promised_without("lv-x"), None);
 }
 
 #[test]
