@@ -80,11 +80,12 @@ spec:
 EOF
 }
 
-# run_pod NAME CLAIM SCRIPT — a pod that mounts CLAIM at /data, runs SCRIPT with sh and
-# ends. Prints the pod's output; fails with the output when the script fails, or with the
-# claim's and pod's events when it never ran.
+# run_pod NAME CLAIM SCRIPT [Block] — a pod that mounts CLAIM at /data (a Block claim: the
+# device at /dev/xvda), runs SCRIPT with sh and ends. Prints the pod's output; fails with the
+# output when the script fails, or with the claim's and pod's events when it never ran.
 run_pod() {
-    local name=$1 claim=$2 script=$3
+    local name=$1 claim=$2 script=$3 vol="volumeMounts: [{name: d, mountPath: /data}]"
+    [ "${4:-}" = Block ] && vol="volumeDevices: [{name: d, devicePath: /dev/xvda}]"
     kn apply -f - >/dev/null <<EOF
 apiVersion: v1
 kind: Pod
@@ -96,7 +97,7 @@ spec:
     - name: c
       image: $E2E_IMAGE
       command: [sh, -c, $(printf '%s' "$script" | json_string)]
-      volumeMounts: [{name: d, mountPath: /data}]
+      $vol
   volumes: [{name: d, persistentVolumeClaim: {claimName: $claim}}]
 EOF
     pod_finish "$name"

@@ -21,35 +21,9 @@ for c in thick thin; do
 done
 
 # A raw block claim: the pod sees a device, not a filesystem.
-kn apply -f - >/dev/null <<YAML
-apiVersion: v1
-kind: Pod
-metadata: {name: w-raw}
-spec:
-  restartPolicy: Never
-  containers:
-    - name: c
-      image: $E2E_IMAGE
-      command: [sh, -c, "head -c 1048576 /dev/urandom >/tmp/b && dd if=/tmp/b of=/dev/xvda bs=1M count=1 conv=fsync && sha256sum </tmp/b"]
-      volumeDevices: [{name: d, devicePath: /dev/xvda}]
-  volumes: [{name: d, persistentVolumeClaim: {claimName: raw}}]
-YAML
-sum1=$(pod_finish w-raw | tail -1)
+sum1=$(run_pod w-raw raw 'head -c 1048576 /dev/urandom >/dev/shm/b && dd if=/dev/shm/b of=/dev/xvda bs=1M count=1 conv=fsync 2>/dev/null && sha256sum </dev/shm/b' Block | tail -1)
 delete_pod w-raw
-kn apply -f - >/dev/null <<YAML
-apiVersion: v1
-kind: Pod
-metadata: {name: r-raw}
-spec:
-  restartPolicy: Never
-  containers:
-    - name: c
-      image: $E2E_IMAGE
-      command: [sh, -c, "dd if=/dev/xvda bs=1M count=1 2>/dev/null | sha256sum"]
-      volumeDevices: [{name: d, devicePath: /dev/xvda}]
-  volumes: [{name: d, persistentVolumeClaim: {claimName: raw}}]
-YAML
-sum2=$(pod_finish r-raw | tail -1)
+sum2=$(run_pod r-raw raw 'dd if=/dev/xvda bs=1M count=1 2>/dev/null | sha256sum' Block | tail -1)
 expect_eq "block volume's first MiB read by a second pod" "$sum2" "$sum1"
 delete_pod r-raw
 
