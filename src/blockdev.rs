@@ -38,6 +38,15 @@ impl FsType {
             FsType::Xfs => "xfs",
         }
     }
+    /// The smallest device this filesystem can be made on: mkfs.xfs refuses
+    /// a data section under 300 MiB ("Filesystem must be larger than 300MB",
+    /// xfsprogs >= 5.19); mkfs.ext4 makes a working filesystem on a few MiB.
+    pub fn min_device_bytes(self) -> u64 {
+        match self {
+            FsType::Ext4 => 0,
+            FsType::Xfs => 300 << 20,
+        }
+    }
     /// Mount options the driver always adds: XFS refuses to mount a second
     /// filesystem with the same UUID (a snapshot beside its origin) without `nouuid`.
     pub fn default_mount_data(self) -> &'static str {

@@ -151,6 +151,10 @@ const PBKDF_ARGS: [&str; 6] = [
     "4",
 ];
 
+/// Bytes a LUKS2 header (cryptsetup's default, metadata and keyslots) takes
+/// from the start of the device: what the filesystem inside does not get.
+pub const LUKS2_HEADER_BYTES: u64 = 16 << 20;
+
 /// `cryptsetup luksFormat` of `dev` (key on stdin).
 pub fn format_command(dev: &Path, key: &Key) -> Cmd {
     Cmd::new("cryptsetup")

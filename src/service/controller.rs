@@ -11,6 +11,7 @@ use super::{bytes, decode_capabilities, decode_params, rpc, to_i64, Capability, 
 use crate::csi;
 use crate::csi::controller_service_capability::{rpc::Type as RpcType, Rpc, Type as CapType};
 
+use crate::blockdev::FsType;
 use crate::ids::{truncate, ParsedId, PoolName, VolumeId, VolumeName, STORAGE_ID_KEY};
 use crate::k8s::room::{Room, Verdict};
 use crate::pool::{
@@ -356,6 +357,59 @@ pub(crate) fn decode_range(r: Option<&csi::CapacityRange>) -> Result<CapacityRan
     Ok(range)
 }
 
+/// Raises the smallest size a mount volume of a formatting pool may have to
+/// what its filesystem can be made on (and, encrypted, the LUKS header
+/// beside it), within the request's limit. Without this a 64Mi XFS claim
+/// is created and then fails NodeStage forever: mkfs.xfs refuses < 300 MiB.
+/// A larger volume than asked is within the spec (required is a minimum);
+/// a limit below the minimum is OUT_OF_RANGE before anything is made.
+fn fit_filesystem(
+    range: CapacityRange,
+    caps: &[Capability],
+    access: AccessType,
+    pool_fs: Option<FsType>,
+    encrypted: bool,
+) -> Result<CapacityRange> {
+    let Some(default) = pool_fs else {
+        return Ok(range); // the pool makes no filesystems (dir pools)
+    };
+    if access != AccessType::Mount {
+        return Ok(range);
+    }
+    let fs = match caps[0].fs_type.as_str() {
+        "" => default,
+        t => FsType::parse(t)?,
+    };
+    let mut min = fs.min_device_bytes();
+    if min == 0 {
+        return Ok(range);
+    }
+    if encrypted {
+        min += crate::crypt::LUKS2_HEADER_BYTES;
+    }
+    if range.required >= min {
+        return Ok(range);
+    }
+    if range.limit > 0 && range.limit < min {
+        return Err(Status::out_of_range(format!(
+            "a {} volume needs at least {} (mkfs.{} refuses less){}; limit_bytes is {}",
+            fs.as_str(),
+            human(min),
+            fs.as_str(),
+            if encrypted {
+                ", the LUKS2 header included"
+            } else {
+                ""
+            },
+            human(range.limit)
+        )));
+    }
+    Ok(CapacityRange {
+        required: min,
+        ..range
+    })
+}
+
 /// One access type for the whole request, supported by the pool.
 fn access_type_of(caps: &[Capability], pool: &dyn Pool) -> Result<AccessType> {
     let t = caps[0].access_type;
@@ -403,6 +457,13 @@ impl csi::controller_server::Controller for ControllerService {
                 )));
             }
             let access_type = access_type_of(&caps, pool.as_ref())?;
+            let range = fit_filesystem(
+                range,
+                &caps,
+                access_type,
+                pool.default_fs_type(),
+                params.encryption.is_some(),
+            )?;
             self.check_topology(req.accessibility_requirements.as_ref())?;
             let source = content_source(pool.as_ref(), content)?;
             let pool_name = pool.name().clone();
@@ -874,6 +935,69 @@ mod tests {
     use tonic::Code;
 
     const GI: i64 = 1 << 30;
+
+    #[test]
+    fn filesystem_minimums_raise_required_within_the_limit() {
+        const MI: u64 = 1 << 20;
+        let cap = |fs: &str| Capability {
+            access_type: AccessType::Mount,
+            fs_type: fs.into(),
+            mount_flags: vec![],
+            mode: crate::pool::AccessMode::SingleNodeWriter,
+        };
+        let r = |required, limit| CapacityRange { required, limit };
+        let fit = |range, fs: &str, access, pool_fs, enc| {
+            fit_filesystem(range, &[cap(fs)], access, pool_fs, enc)
+        };
+        let xfs = Some(FsType::Xfs);
+        let ext4 = Some(FsType::Ext4);
+        // 64Mi XFS, named by the class or by the pool's default: 300Mi.
+        assert_eq!(
+            fit(r(64 * MI, 0), "xfs", AccessType::Mount, ext4, false).unwrap(),
+            r(300 * MI, 0)
+        );
+        assert_eq!(
+            fit(r(64 * MI, 0), "", AccessType::Mount, xfs, false).unwrap(),
+            r(300 * MI, 0)
+        );
+        // No range at all: the minimum too (not the pool's smaller default).
+        assert_eq!(
+            fit(r(0, 0), "", AccessType::Mount, xfs, false).unwrap(),
+            r(300 * MI, 0)
+        );
+        // Encrypted: the LUKS2 header on top.
+        assert_eq!(
+            fit(r(64 * MI, 0), "xfs", AccessType::Mount, xfs, true).unwrap(),
+            r(316 * MI, 0)
+        );
+        // Larger than the minimum, ext4, block and dir pools: unchanged.
+        for (range, fs, access, pool_fs) in [
+            (r(400 * MI, 0), "xfs", AccessType::Mount, xfs),
+            (r(8 * MI, 0), "ext4", AccessType::Mount, xfs),
+            (r(8 * MI, 0), "", AccessType::Mount, ext4),
+            (r(8 * MI, 0), "", AccessType::Block, xfs),
+            (r(8 * MI, 0), "xfs", AccessType::Mount, None),
+        ] {
+            assert_eq!(
+                fit(range, fs, access, pool_fs, false).unwrap(),
+                range,
+                "{fs:?} {access:?}"
+            );
+        }
+        // A limit that cannot hold the filesystem: OUT_OF_RANGE, saying why.
+        let e = fit(r(64 * MI, 100 * MI), "xfs", AccessType::Mount, xfs, false).unwrap_err();
+        assert_eq!(e.code(), Code::OutOfRange, "{e:?}");
+        assert!(e.message().contains("300Mi"), "{}", e.message());
+        // A limit that can: raised, the limit kept.
+        assert_eq!(
+            fit(r(64 * MI, GI as u64), "xfs", AccessType::Mount, xfs, false).unwrap(),
+            r(300 * MI, GI as u64)
+        );
+        // An unknown filesystem is refused at the boundary.
+        let e = fit(r(64 * MI, 0), "ntfs", AccessType::Mount, xfs, false).unwrap_err();
+        assert_eq!(e.code(), Code::InvalidArgument, "{e:?}");
+    }
+
     const CAPS: &str = "/apis/storage.k8s.io/v1/namespaces/default/csistoragecapacities";
 
     /// A service on node n0 (one dir pool in `dir`) whose cluster holds
