@@ -351,6 +351,37 @@ pub fn publish_dir(src: &Path, target: &Path, flags: MountFlags) -> Result<()> {
     Ok(())
 }
 
+/// The directory of a volume that is published without staging is there
+/// (NodeStage of such a volume: nothing to mount, only this to check).
+pub fn check_dir(src: &Path) -> Result<()> {
+    let table = MountTable::read()?;
+    locate_dir(&table, src).map(|_| ())
+}
+
+/// Publishes a directory volume that is never staged (see
+/// `NodeSide::stages_directories`): binds `src` itself onto `target`.
+/// Already bound there: OK. SINGLE_NODE_SINGLE_WRITER: refused while the
+/// volume is mounted at another pod's target.
+pub fn publish_unstaged(
+    scope: &Path,
+    src: &Path,
+    target: &Path,
+    read_only: bool,
+    flags: MountFlags,
+    single_writer: bool,
+) -> Result<()> {
+    let flags = match read_only {
+        true => flags | MountFlags::RDONLY,
+        false => flags,
+    };
+    if single_writer {
+        let table = MountTable::read()?;
+        let volume = locate_dir(&table, src)?;
+        refuse_other_mounts(&table, scope, &volume, &[src, target])?;
+    }
+    publish_dir(src, target, flags)
+}
+
 /// Which mounts at a path an unstage or unpublish may remove.
 enum Ours {
     /// No volume to compare with (the caller knows of none): any mount.

@@ -77,19 +77,35 @@ async fn static_filesystem_volume_full_node_cycle() {
     let staging = d.staging_path("s1");
     let target = d.target_path("t1");
 
+    // Staging mounts nothing: a bind of the discovered mount point at the
+    // staging path would be a second mount of the disk's root, and kubelet
+    // refuses to unstage a path "still mounted by other references" (the
+    // operator's mount), found by the e2e cluster (story j): the disk was
+    // never unstaged, so never cleaned. Publish binds the mount point itself.
     d.stage(&h, &staging).await;
     d.stage(&h, &staging).await; // idempotent
     let (dev, root) = locate(&e.fs.mount_point).unwrap();
-    let m = mount_at(&staging).expect("staged");
-    assert_eq!(
-        (m.dev.as_str(), m.root.as_path()),
-        (dev.as_str(), root.as_path())
+    assert!(
+        mounts_at(&staging).is_empty(),
+        "a static volume is not staged by a mount"
     );
-    assert_eq!(mounts_at(&staging).len(), 1);
+    // What kubelet's GetDeviceMountRefs would see besides the staging path.
+    let refs = || -> Vec<PathBuf> {
+        mounts()
+            .into_iter()
+            .filter(|m| m.dev == dev && m.root == root && m.mount_point != e.fs.mount_point)
+            .map(|m| m.mount_point)
+            .collect()
+    };
 
     d.publish(&h, &staging, &target, false).await;
     d.publish(&h, &staging, &target, false).await; // idempotent
     assert_eq!(mounts_at(&target).len(), 1);
+    let m = mount_at(&target).expect("published");
+    assert_eq!(
+        (m.dev.as_str(), m.root.as_path()),
+        (dev.as_str(), root.as_path())
+    );
     write_file(&target, "hello", b"from the pod").unwrap();
     assert_eq!(
         fs::read(e.fs.mount_point.join("hello")).unwrap(),
@@ -117,6 +133,7 @@ async fn static_filesystem_volume_full_node_cycle() {
     d.unpublish(&h, &target).await;
     d.unpublish(&h, &target).await;
     assert!(mounts_at(&target).is_empty());
+    assert_eq!(refs(), Vec::<PathBuf>::new(), "kubelet could unstage now");
     d.unstage(&h, &staging).await;
     d.unstage(&h, &staging).await;
     assert!(mounts_at(&staging).is_empty());

@@ -162,6 +162,9 @@ impl Pool for StaticPool {
 
 #[async_trait]
 impl NodeSide for StaticPool {
+    fn stages_directories(&self) -> bool {
+        false
+    }
     fn source(&self, vol: &Volume) -> Result<Source> {
         let path = vol
             .parameters

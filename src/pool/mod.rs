@@ -344,6 +344,16 @@ pub trait NodeSide: Send + Sync {
     fn default_fs_type(&self) -> Option<FsType> {
         None
     }
+    /// Whether NodeStage binds a directory volume at the staging path
+    /// (NodePublish then binds the staging path). Static volumes are not
+    /// staged: their source is a mount point the operator made, so a bind of
+    /// it at the staging path is a second mount of the same filesystem root,
+    /// and kubelet refuses to unstage a device path that is "still mounted by
+    /// other references" (the operator's own mount): the volume would never
+    /// be unstaged, hence never cleaned. NodePublish binds the source itself.
+    fn stages_directories(&self) -> bool {
+        true
+    }
     /// The device a volume of this pool is on, from its id alone, for node
     /// calls that need nothing else (unstage, unpublish: the mount table
     /// tells the rest). None: look the volume up.

@@ -397,6 +397,14 @@ impl csi::node_server::Node for NodeService {
             }
             drop(key);
             match (src, vol.access_type) {
+                (Source::Directory(dir), _) if !pool.stages_directories() => {
+                    // Published straight from the source: checked, not mounted.
+                    blocking(move || -> Result<()> {
+                        staging.resolve()?;
+                        Ok(nodeops::check_dir(&dir)?)
+                    })
+                    .await?;
+                }
                 (Source::Directory(dir), _) => {
                     blocking(move || -> Result<()> {
                         Ok(nodeops::stage_dir(&dir, &staging.resolve()?)?)
@@ -546,6 +554,23 @@ impl csi::node_server::Node for NodeService {
                 blocking(move || -> Result<_> {
                     let (scope, target) = target.resolve_in()?;
                     Ok(nodeops::publish_block(&dev, &scope, &target, read_only, single_writer)?)
+                })
+                .await?;
+                return Ok(csi::NodePublishVolumeResponse {});
+            }
+            if let (Source::Directory(dir), false) = (&src, pool.stages_directories()) {
+                let dir = dir.clone();
+                let _guard = self.driver.lock_volume(&id)?;
+                blocking(move || -> Result<_> {
+                    let (scope, target) = target.resolve_in()?;
+                    Ok(nodeops::publish_unstaged(
+                        &scope,
+                        &dir,
+                        &target,
+                        read_only,
+                        opts.flags,
+                        single_writer,
+                    )?)
                 })
                 .await?;
                 return Ok(csi::NodePublishVolumeResponse {});
