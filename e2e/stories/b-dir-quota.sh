@@ -12,7 +12,7 @@ expect_eq "claim phase before any pod (WaitForFirstConsumer)" "$phase" Pending
 out=$(run_pod writer data '
 dd if=/dev/zero of=/data/fits bs=1M count=16 conv=fsync 2>&1 && echo FITS
 if err=$(dd if=/dev/zero of=/data/past bs=1M count=64 conv=fsync 2>&1); then echo PAST-WRITTEN; fi
-echo "$err"; df -k /data | tail -1')
+echo "$err"; df -kP /data | tail -1')
 echo "$out" | grep -q FITS || fail "writing 16 MiB into a 32 MiB volume failed: $out"
 echo "$out" | grep -q PAST-WRITTEN && fail "writing 80 MiB into a 32 MiB volume succeeded (the size is not enforced): $out"
 echo "$out" | grep -qi "quota exceeded\|no space" || fail "the write past the size failed, but not with EDQUOT/ENOSPC: $out"

@@ -13,7 +13,7 @@ spec:
   containers:
     - name: c
       image: $E2E_IMAGE
-      command: [sh, -c, "dd if=/dev/zero of=/scratch/f bs=1M count=8 conv=fsync && df -k /scratch | tail -1"]
+      command: [sh, -c, "dd if=/dev/zero of=/scratch/f bs=1M count=8 conv=fsync && df -kP /scratch | tail -1"]
       volumeMounts: [{name: s, mountPath: /scratch}]
   volumes:
     - name: s

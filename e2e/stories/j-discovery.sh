@@ -19,7 +19,8 @@ trap 'rc=$?; unmount_disk; (exit $rc); story_cleanup' EXIT
 pv_for_disk() { k get pv -o json | python3 -c '
 import json, sys
 for p in json.load(sys.stdin)["items"]:
-    if p["spec"].get("storageClassName") == "local-disks" and sys.argv[1] in json.dumps(p["spec"]) \
+    path = p["metadata"].get("annotations", {}).get("localvol.csi.dev/path")
+    if p["spec"].get("storageClassName") == "local-disks" and path == "/mnt/disks/" + sys.argv[1] \
        and p["status"].get("phase") == "Available":
         print(p["metadata"]["name"])' "$disk"; }
 offered() { [ -n "$(pv_for_disk)" ]; }
