@@ -34,7 +34,7 @@ run: build
 	exec $(BIN) serve --endpoint unix://$(SOCKET) --data-dir $(DATA) \
 		--kubelet-dir $(DATA)/kubelet --node-id $(NODE)
 
-test: fmt-check clippy unit sanity upstream-sanity validate-deploy test-vm test-image
+test: fmt-check clippy unit sanity upstream-sanity validate-deploy test-vm test-image e2e
 
 fmt-check:
 	$(CARGO) fmt --all -- --check
