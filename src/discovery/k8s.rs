@@ -478,6 +478,15 @@ mod tests {
             ["POST /api/v1/persistentvolumes", "EVENT Discovered"]
         );
         let mut got = s.fake.api.lock().unwrap().pv(&name).unwrap().clone();
+        // What the API server adds: uid, resourceVersion, status and the
+        // pv-protection finalizer; the driver sends no finalizer of its own.
+        assert_eq!(
+            got["metadata"]
+                .as_object_mut()
+                .unwrap()
+                .remove("finalizers"),
+            Some(json!([crate::k8s::fake::PV_PROTECTION]))
+        );
         got["metadata"].as_object_mut().unwrap().remove("uid");
         got["metadata"]
             .as_object_mut()

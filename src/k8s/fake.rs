@@ -14,7 +14,8 @@
 //! (logged as `EVENT <reason>`). Finalizers hold as in the API
 //! server: DELETE of an object that has some only sets its
 //! `deletionTimestamp`, and the object goes when a PATCH takes the last one
-//! off. Anything else is logged as `UNEXPECTED` and answered 500.
+//! off. A created PV gets `kubernetes.io/pv-protection`, as the API server
+//! adds it, which holds only a Bound PV (its controller frees others at once). Anything else is logged as `UNEXPECTED` and answered 500.
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
@@ -163,10 +164,19 @@ fn respond(code: u16, v: &Value) -> Response<Body> {
         .unwrap()
 }
 
+/// The finalizer the API server's admission (StorageObjectInUseProtection)
+/// puts on every new PV; kube-controller-manager's pv-protection controller
+/// takes it off a PV marked for deletion once no claim is bound to it.
+pub const PV_PROTECTION: &str = "kubernetes.io/pv-protection";
+
+/// Whether a finalizer still holds `o` once marked for deletion. The
+/// pv-protection finalizer holds a PV only while it is Bound: otherwise its
+/// controller removes it within moments, modelled here as at once.
 fn has_finalizers(o: &Value) -> bool {
+    let bound = o["status"]["phase"] == "Bound";
     o["metadata"]["finalizers"]
         .as_array()
-        .is_some_and(|f| !f.is_empty())
+        .is_some_and(|f| f.iter().any(|f| f != PV_PROTECTION || bound))
 }
 
 /// The decoded `labelSelector` of a query string (enough percent-decoding for
@@ -394,6 +404,19 @@ impl FakeApi {
         if path == PVS && o["status"].is_null() {
             o["status"] = json!({"phase": "Pending"});
         }
+        if path == PVS {
+            // As the API server's admission does (checked on the e2e cluster).
+            let f = &mut o["metadata"]["finalizers"];
+            if !f
+                .as_array()
+                .is_some_and(|f| f.iter().any(|f| f == PV_PROTECTION))
+            {
+                match f.as_array_mut() {
+                    Some(list) => list.push(json!(PV_PROTECTION)),
+                    None => *f = json!([PV_PROTECTION]),
+                }
+            }
+        }
         self.objects.insert(key, o.clone());
         respond(201, &o)
     }
@@ -410,5 +433,51 @@ impl FakeApi {
         self.bump_rv(&mut o);
         self.objects.insert(path, o.clone());
         respond(200, &o)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use k8s_openapi::api::core::v1::PersistentVolume;
+    use kube::api::{Api, DeleteParams, PostParams};
+
+    fn pv(name: &str) -> PersistentVolume {
+        serde_json::from_value(json!({
+            "apiVersion": "v1", "kind": "PersistentVolume",
+            "metadata": {"name": name},
+            "spec": {"capacity": {"storage": "1Mi"}, "accessModes": ["ReadWriteOnce"],
+                     "hostPath": {"path": "/nonexistent"}}
+        }))
+        .unwrap()
+    }
+
+    /// As the e2e cluster's API server answered: a created PV carries
+    /// kubernetes.io/pv-protection; deleting one that is not Bound removes
+    /// it (the pv-protection controller frees it), a Bound one stays
+    /// marked for deletion while the finalizer holds.
+    #[tokio::test]
+    async fn created_pvs_carry_pv_protection_which_holds_only_bound_ones() {
+        let fake = Fake::start();
+        let api: Api<PersistentVolume> = Api::all(fake.client.clone());
+        for name in ["free", "bound"] {
+            let made = api.create(&PostParams::default(), &pv(name)).await.unwrap();
+            assert_eq!(
+                made.metadata.finalizers,
+                Some(vec![PV_PROTECTION.to_owned()])
+            );
+        }
+        fake.api
+            .lock()
+            .unwrap()
+            .objects
+            .get_mut(&format!("{PVS}/bound"))
+            .unwrap()["status"]["phase"] = json!("Bound");
+        for name in ["free", "bound"] {
+            api.delete(name, &DeleteParams::default()).await.unwrap();
+        }
+        assert!(!fake.has(&format!("{PVS}/free")));
+        let held = fake.api.lock().unwrap().pv("bound").cloned().unwrap();
+        assert!(!held["metadata"]["deletionTimestamp"].is_null(), "{held}");
     }
 }
