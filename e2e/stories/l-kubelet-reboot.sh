@@ -36,10 +36,10 @@ heartbeat_after() { # the node's Ready heartbeat is newer than $1 (RFC 3339 sort
     [[ "$(k get node "$(node_name)" -o 'jsonpath={.status.conditions[?(@.type=="Ready")].lastHeartbeatTime}')" > "$1" ]] &&
         [ "$(k get node "$(node_name)" -o 'jsonpath={.status.conditions[?(@.type=="Ready")].status}')" = True ]
 }
-new_claim_mounts() { # WHEN
+new_claim_mounts() { # TAG WHEN
     pvc "after-$1" localvol-thick 32Mi
     run_pod "after-$1" "after-$1" 'echo ok >/data/f && cat /data/f' | grep -q ok ||
-        fail "a pod created after the $1 could not use a new volume"
+        fail "a pod created after the $2 could not use a new volume"
     delete_pod "after-$1"
     delete_claim "after-$1"
 }
@@ -54,7 +54,7 @@ data_kept "after a kubelet restart"
 for v in $vols raw; do
     expect_eq "restarts of pod p-${v%%:*} after a kubelet restart" "$(restarts "p-${v%%:*}")" 0
 done
-new_claim_mounts "kubelet restart"
+new_claim_mounts kubelet "kubelet restart"
 
 # 2. The node reboots: every mount and dm device is gone; kubelet brings the pods back.
 "$E2E_CLUSTER" node-restart >/dev/null || fail "the node did not come back from a reboot"
@@ -69,7 +69,7 @@ for v in $vols raw; do
 $(events_of Pod "$p" | tail -8)"
 done
 data_kept "after the node rebooted"
-new_claim_mounts "node reboot"
+new_claim_mounts reboot "node reboot"
 
 for v in $vols raw; do delete_pod "p-${v%%:*}"; done
 for v in $vols raw; do delete_claim "${v%%:*}"; done
