@@ -14,12 +14,13 @@ no_plugin() { [ -z "$(k -n "$E2E_NS" get pods -o name)" ]; }
 wait_for "the chart's pods gone" "$E2E_TIMEOUT" no_plugin ||
     fail "pods of the uninstalled release are still there: $(k -n "$E2E_NS" get pods 2>&1)"
 
-# What a user writes: an overlay of the base that only sets the image.
+# What a user writes: an overlay of the base that only sets the image (kustomize takes the
+# base by a relative path only).
 cat >"$overlay/kustomization.yaml" <<YAML
 apiVersion: kustomize.config.k8s.io/v1beta1
 kind: Kustomization
 resources:
-  - $(cd "$E2E_ROOT/../deploy/kubernetes/base" && pwd)
+  - $(realpath --relative-to="$overlay" "$E2E_ROOT/../deploy/kubernetes/base")
 images:
   - name: localvol
     newName: ${E2E_DRIVER_IMAGE%:*}
