@@ -158,16 +158,19 @@ impl LvmPool {
 
     /// Asks lvm now (no cache): the VG, and the thin pool if there is one.
     async fn check_now(&self) -> Health {
-        let vg = lvm::vg(&self.vg).await;
-        if let Ok(vg) = &vg {
-            self.set_extent(vg);
-        }
-        let thin = match (&self.thin, &vg) {
-            (Some(thin), Ok(_)) => Some((thin.as_str(), lvm::lv(&self.vg, thin).await)),
+        Self::check(self.vg.clone(), self.thin.clone()).await
+    }
+
+    /// [`Self::check_now`] owning what it needs, so that it can run in a task
+    /// of its own (the health cache's refresh, which no caller may cancel).
+    async fn check(vg_name: String, thin: Option<String>) -> Health {
+        let vg = lvm::vg(&vg_name).await;
+        let thin = match (&thin, &vg) {
+            (Some(thin), Ok(_)) => Some((thin.as_str(), lvm::lv(&vg_name, thin).await)),
             (Some(thin), Err(_)) => Some((thin.as_str(), Ok(None))),
             (None, _) => None,
         };
-        health::judge(&self.vg, vg, thin)
+        health::judge(&vg_name, vg, thin)
     }
 
     fn lv_path(&self, lv: &str) -> String {
@@ -552,7 +555,10 @@ impl Pool for LvmPool {
     }
 
     async fn health(&self) -> Health {
-        self.health.get(HEALTH_TTL, || self.check_now()).await
+        let (vg, thin) = (self.vg.clone(), self.thin.clone());
+        self.health
+            .get(HEALTH_TTL, move || Self::check(vg, thin))
+            .await
     }
 
     async fn create(&self, req: &CreateRequest) -> Result<Volume> {
