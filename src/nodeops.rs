@@ -370,9 +370,10 @@ pub fn publish_unstaged(
     flags: MountFlags,
     single_writer: bool,
 ) -> Result<()> {
-    let flags = match read_only {
-        true => flags | MountFlags::RDONLY,
-        false => flags,
+    let flags = if read_only {
+        flags | MountFlags::RDONLY
+    } else {
+        flags
     };
     if single_writer {
         let table = MountTable::read()?;

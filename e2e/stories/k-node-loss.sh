@@ -90,7 +90,8 @@ kept=$(on_b sh -c 'cat /var/lib/localvol-dirpool/quota/volumes/*/f 2>/dev/null')
 expect_eq "data of the lost volume on the returned $B" "$kept" from-node-b
 
 kn delete statefulset web --wait=true >/dev/null
-delete_pod web-0 2>/dev/null || true
+# Its pod may still be terminating (delete_pod would fail the story on one already gone).
+kn delete pod web-0 --ignore-not-found --wait=true --timeout="${E2E_TIMEOUT}s" >/dev/null
 delete_claim data-web-0
 b_gone
 k -n "$E2E_NS" delete configmap "localvol-lost.$B" >/dev/null 2>&1 || true

@@ -15,7 +15,8 @@
 //! server: DELETE of an object that has some only sets its
 //! `deletionTimestamp`, and the object goes when a PATCH takes the last one
 //! off. A created PV gets `kubernetes.io/pv-protection`, as the API server
-//! adds it, which holds only a Bound PV (its controller frees others at once). Anything else is logged as `UNEXPECTED` and answered 500.
+//! adds it, which holds only a Bound PV (its controller frees others at
+//! once). Anything else is logged as `UNEXPECTED` and answered 500.
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
@@ -401,20 +402,18 @@ impl FakeApi {
         if o["metadata"]["uid"].is_null() {
             o["metadata"]["uid"] = json!(format!("uid-{name}"));
         }
-        if path == PVS && o["status"].is_null() {
-            o["status"] = json!({"phase": "Pending"});
-        }
         if path == PVS {
+            if o["status"].is_null() {
+                o["status"] = json!({"phase": "Pending"});
+            }
             // As the API server's admission does (checked on the e2e cluster).
             let f = &mut o["metadata"]["finalizers"];
-            if !f
-                .as_array()
-                .is_some_and(|f| f.iter().any(|f| f == PV_PROTECTION))
-            {
-                match f.as_array_mut() {
-                    Some(list) => list.push(json!(PV_PROTECTION)),
-                    None => *f = json!([PV_PROTECTION]),
-                }
+            if f.is_null() {
+                *f = json!([]);
+            }
+            let list = f.as_array_mut().expect("finalizers is a list");
+            if !list.iter().any(|f| f == PV_PROTECTION) {
+                list.push(json!(PV_PROTECTION));
             }
         }
         self.objects.insert(key, o.clone());

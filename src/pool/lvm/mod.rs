@@ -119,7 +119,7 @@ impl LvmPool {
             index,
             extent: std::sync::atomic::AtomicU64::new(0),
         };
-        if let Health::Unusable(why) = pool.check_now().await {
+        if let Health::Unusable(why) = Self::check(pool.vg.clone(), pool.thin.clone()).await {
             return Err(PoolError::Misconfigured {
                 pool: pool.name.to_string(),
                 why: why.to_string(),
@@ -157,12 +157,8 @@ impl LvmPool {
     }
 
     /// Asks lvm now (no cache): the VG, and the thin pool if there is one.
-    async fn check_now(&self) -> Health {
-        Self::check(self.vg.clone(), self.thin.clone()).await
-    }
-
-    /// [`Self::check_now`] owning what it needs, so that it can run in a task
-    /// of its own (the health cache's refresh, which no caller may cancel).
+    /// It owns what it needs, so that it can run in a task of its own (the
+    /// health cache's refresh, which no caller may cancel).
     async fn check(vg_name: String, thin: Option<String>) -> Health {
         let vg = lvm::vg(&vg_name).await;
         let thin = match (&thin, &vg) {
