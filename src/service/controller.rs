@@ -363,12 +363,16 @@ pub(crate) fn decode_range(r: Option<&csi::CapacityRange>) -> Result<CapacityRan
 /// is created and then fails NodeStage forever: mkfs.xfs refuses < 300 MiB.
 /// A larger volume than asked is within the spec (required is a minimum);
 /// a limit below the minimum is OUT_OF_RANGE before anything is made.
+/// A volume made from a snapshot or a clone is never formatted: it carries
+/// its source's filesystem and is sized from the source, so only the
+/// filesystem's name is checked.
 fn fit_filesystem(
     range: CapacityRange,
     caps: &[Capability],
     access: AccessType,
     pool_fs: Option<FsType>,
     encrypted: bool,
+    from_source: bool,
 ) -> Result<CapacityRange> {
     let Some(default) = pool_fs else {
         return Ok(range); // the pool makes no filesystems (dir pools)
@@ -381,7 +385,7 @@ fn fit_filesystem(
         t => FsType::parse(t)?,
     };
     let mut min = fs.min_device_bytes();
-    if min == 0 {
+    if min == 0 || from_source {
         return Ok(range);
     }
     if encrypted {
@@ -463,6 +467,7 @@ impl csi::controller_server::Controller for ControllerService {
                 access_type,
                 pool.default_fs_type(),
                 params.encryption.is_some(),
+                content.is_some(),
             )?;
             self.check_topology(req.accessibility_requirements.as_ref())?;
             let source = content_source(pool.as_ref(), content)?;
@@ -947,7 +952,7 @@ mod tests {
         };
         let r = |required, limit| CapacityRange { required, limit };
         let fit = |range, fs: &str, access, pool_fs, enc| {
-            fit_filesystem(range, &[cap(fs)], access, pool_fs, enc)
+            fit_filesystem(range, &[cap(fs)], access, pool_fs, enc, false)
         };
         let xfs = Some(FsType::Xfs);
         let ext4 = Some(FsType::Ext4);
@@ -995,6 +1000,15 @@ mod tests {
         );
         // An unknown filesystem is refused at the boundary.
         let e = fit(r(64 * MI, 0), "ntfs", AccessType::Mount, xfs, false).unwrap_err();
+        assert_eq!(e.code(), Code::InvalidArgument, "{e:?}");
+        // From a snapshot or a clone nothing is formatted: the range stays
+        // (0 = the source's size), an unknown filesystem is still refused.
+        let src = |range, fs: &str| {
+            fit_filesystem(range, &[cap(fs)], AccessType::Mount, xfs, false, true)
+        };
+        assert_eq!(src(r(0, 0), "xfs").unwrap(), r(0, 0));
+        assert_eq!(src(r(64 * MI, 0), "").unwrap(), r(64 * MI, 0));
+        let e = src(r(0, 0), "ntfs").unwrap_err();
         assert_eq!(e.code(), Code::InvalidArgument, "{e:?}");
     }
 
