@@ -10,7 +10,9 @@ use crate::config::Config;
 use crate::discovery::node::StaticPool;
 use crate::discovery::StaticError;
 use crate::error::blocking;
-use crate::ids::{check_node_id, truncate, InvalidName, ParsedId, PoolName, VolumeId, VolumeName};
+use crate::ids::{
+    check_node_id, truncate, InvalidName, ParsedId, PoolName, StorageId, VolumeId, VolumeName,
+};
 use crate::locks::{Busy, VolumeGuard, VolumeLocks};
 use crate::pool::{Health, Pool, PoolError, Pools, Unusable, Volume};
 
@@ -31,6 +33,56 @@ pub enum DriverError {
     Static(#[from] StaticError),
     #[error(transparent)]
     Io(#[from] crate::error::IoError),
+    /// A name is one volume (or one snapshot) on a node, whatever the pool.
+    #[error("{kind} {name:?} already exists in pool {pool}")]
+    NameTaken {
+        kind: Kind,
+        name: String,
+        pool: PoolName,
+    },
+    /// A volume is made from content in its own pool only.
+    #[error("the content source is in pool {source_pool}; a volume can only be made from content in its own pool, not {named}")]
+    SourceInOtherPool {
+        source_pool: PoolName,
+        named: PoolName,
+    },
+    /// A content source (or a snapshot's source volume) in a pool this node
+    /// lacks, or not in this driver's id format: nothing here.
+    #[error("{kind} {id} does not exist")]
+    SourceNotFound { kind: &'static str, id: String },
+    /// The volume's context names other storage than the pool it was found
+    /// in: it is not this volume (the node's disks were replaced, or an id
+    /// matched by chance).
+    #[error("volume {id} was created on storage {want}; pool {pool} of this node is {have} (the node's disks were replaced?)")]
+    OtherStorage {
+        id: String,
+        want: StorageId,
+        pool: PoolName,
+        have: StorageId,
+    },
+}
+
+/// What a name names.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Kind {
+    Volume,
+    Snapshot,
+}
+
+impl std::fmt::Display for Kind {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Kind::Volume => "volume",
+            Kind::Snapshot => "snapshot",
+        })
+    }
+}
+
+/// The locks of an operation that makes something from a source: its own
+/// and the source's, held together.
+pub struct LockPair {
+    _own: VolumeGuard,
+    _source: Option<VolumeGuard>,
 }
 
 type Result<T, E = DriverError> = std::result::Result<T, E>;
@@ -235,6 +287,136 @@ impl Driver {
     pub fn lock_volume(&self, id: &VolumeId) -> Result<VolumeGuard, Busy> {
         self.locks
             .try_lock(id.key.as_str(), &format!("volume {id}"))
+    }
+
+    /// The locks of something made from `source` (a new volume from a
+    /// snapshot or a clone, a snapshot of a volume): `what` names the new
+    /// one in a Busy message. The source must not change or vanish while it
+    /// is copied. The new one's lock key is its name's hash, the same in
+    /// every pool.
+    pub fn lock_with_source(
+        &self,
+        key: &str,
+        what: &str,
+        source: Option<&VolumeId>,
+    ) -> Result<LockPair, Busy> {
+        let own = self.locks.try_lock(key, what)?;
+        let source = match source {
+            Some(s) => Some(
+                self.locks
+                    .try_lock(s.key.as_str(), &format!("source {s}"))?,
+            ),
+            None => None,
+        };
+        Ok(LockPair {
+            _own: own,
+            _source: source,
+        })
+    }
+
+    /// NameTaken when `key` (a volume's or a snapshot's, from its name) is
+    /// taken in a pool of this node other than `pool`: a name is one volume
+    /// or one snapshot, whatever the pool. A pool whose disks were refused
+    /// at start cannot be asked; the others go on serving (CO names are
+    /// unique anyway).
+    pub async fn refuse_name_elsewhere(
+        &self,
+        pool: &PoolName,
+        name: &VolumeName,
+        kind: Kind,
+    ) -> Result<()> {
+        let key = match kind {
+            Kind::Volume => VolumeId::new(pool.clone(), name).key,
+            Kind::Snapshot => name.snapshot_key(),
+        };
+        for other in self.pools.iter().filter(|p| p.name() != pool) {
+            let other_id = VolumeId {
+                pool: other.name().clone(),
+                key: key.clone(),
+            };
+            let found = match kind {
+                Kind::Volume => other.get(&other_id).await.map(|v| v.is_some()),
+                Kind::Snapshot => match other.snapshots() {
+                    Some(s) => s.get_snapshot(&other_id).await.map(|s| s.is_some()),
+                    None => Ok(false),
+                },
+            };
+            let found = match found {
+                Err(PoolError::NotStarted { pool, why }) => {
+                    tracing::warn!(%pool, %why, name = name.as_str(), "name not checked in a pool that did not start");
+                    false
+                }
+                res => res?,
+            };
+            if found {
+                return Err(DriverError::NameTaken {
+                    kind,
+                    name: name.as_str().to_owned(),
+                    pool: other.name().clone(),
+                });
+            }
+        }
+        Ok(())
+    }
+
+    /// The pool a new volume goes to: the one its parameters name, else its
+    /// content source's (`source`: made from content in its own pool only),
+    /// else the default pool. A source in a pool this node lacks names
+    /// nothing that exists here.
+    pub fn pool_for_new(
+        &self,
+        named: Option<&PoolName>,
+        source: Option<(&'static str, &VolumeId)>,
+    ) -> Result<Arc<dyn Pool>> {
+        if let (Some((_, src)), Some(p)) = (source, named) {
+            if src.pool != *p {
+                return Err(DriverError::SourceInOtherPool {
+                    source_pool: src.pool.clone(),
+                    named: p.clone(),
+                });
+            }
+        }
+        let pool_name = named
+            .cloned()
+            .or_else(|| source.map(|(_, src)| src.pool.clone()))
+            .unwrap_or_else(|| self.pools.default_pool().clone());
+        if let (Some((kind, src)), None, None) = (source, self.pools.get(&pool_name), named) {
+            return Err(DriverError::SourceNotFound {
+                kind,
+                id: src.to_string(),
+            });
+        }
+        Ok(self.pools.require(&pool_name)?.clone())
+    }
+
+    /// The pool of a snapshot's source volume.
+    pub fn pool_of_source(&self, source: &VolumeId) -> Result<Arc<dyn Pool>> {
+        self.pools
+            .get(&source.pool)
+            .cloned()
+            .ok_or_else(|| DriverError::SourceNotFound {
+                kind: "source volume",
+                id: source.to_string(),
+            })
+    }
+
+    /// OtherStorage when the storage a request's volume context names
+    /// (`want`) is not the storage of the pool the volume was found in.
+    pub fn check_storage(
+        &self,
+        id: &VolumeId,
+        pool: &dyn Pool,
+        want: Option<&StorageId>,
+    ) -> Result<()> {
+        match (want, pool.storage_id()) {
+            (Some(want), Some(have)) if want != have => Err(DriverError::OtherStorage {
+                id: id.to_string(),
+                want: want.clone(),
+                pool: pool.name().clone(),
+                have: have.clone(),
+            }),
+            _ => Ok(()),
+        }
     }
 
     /// Like [`Driver::lock_volume`], for a snapshot.

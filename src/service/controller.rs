@@ -7,16 +7,18 @@ use std::sync::Arc;
 use tokio::sync::OnceCell;
 use tonic::{Request, Response, Status};
 
-use super::{bytes, decode_capabilities, decode_params, rpc, to_i64, Capability, Driver, Result};
+use super::{decode_capabilities, decode_params, rpc, to_i64, Capability, Driver, Result};
 use crate::csi;
 use crate::csi::controller_service_capability::{rpc::Type as RpcType, Rpc, Type as CapType};
 
+use super::status::Refusal;
 use crate::blockdev::FsType;
+use crate::driver::Kind;
 use crate::ids::{truncate, ParsedId, PoolName, VolumeId, VolumeName, STORAGE_ID_KEY};
 use crate::k8s::room::{Room, Verdict};
 use crate::pool::{
-    AccessType, CapacityRange, ContentSource, CreateRequest, Pool, PoolError, Snapshot,
-    SnapshotRequest, Volume,
+    AccessType, CapacityRange, ContentSource, CreateRequest, Pool, Snapshot, SnapshotRequest,
+    Volume,
 };
 use crate::size::human;
 
@@ -27,71 +29,12 @@ pub struct ControllerService {
 }
 
 impl ControllerService {
-    /// The pool a new volume goes to: the one its parameters name, else its
-    /// content source's (a volume is made from content in its own pool
-    /// only), else the default pool. A source in a pool this node lacks
-    /// names nothing that exists here: NOT_FOUND.
-    fn pool_for(
-        &self,
-        named: Option<&PoolName>,
-        content: Option<&(&'static str, ParsedId)>,
-    ) -> Result<Arc<dyn Pool>> {
-        let d = &self.driver;
-        let source = match content {
-            Some((kind, ParsedId::Volume(src))) => Some((*kind, src)),
-            _ => None,
-        };
-        if let (Some((_, src)), Some(p)) = (source, named) {
-            if src.pool != *p {
-                return Err(Status::invalid_argument(format!(
-                    "the content source is in pool {}; a volume can only be made from content in its own pool, not {p}",
-                    src.pool
-                )));
-            }
-        }
-        let pool_name = named
-            .cloned()
-            .or_else(|| source.map(|(_, src)| src.pool.clone()))
-            .unwrap_or_else(|| d.pools.default_pool().clone());
-        if let (Some((kind, src)), None, None) = (source, d.pools.get(&pool_name), named) {
-            return Err(Status::not_found(format!("{kind} {src} does not exist")));
-        }
-        Ok(d.pools.require(&pool_name)?.clone())
-    }
-
-    /// ALREADY_EXISTS when the name is a volume in another pool of this node
-    /// (a name is one volume, whatever the pool).
-    async fn refuse_name_in_other_pools(&self, pool: &dyn Pool, name: &VolumeName) -> Result<()> {
-        for other in self.driver.pools.iter().filter(|p| p.name() != pool.name()) {
-            let other_id = VolumeId::new(other.name().clone(), name);
-            let found = match other.get(&other_id).await {
-                // A pool whose disks were refused at start cannot be asked;
-                // the others go on serving (CO names are unique anyway).
-                Err(PoolError::NotStarted { pool, why }) => {
-                    tracing::warn!(%pool, %why, name = name.as_str(), "name not checked in a pool that did not start");
-                    None
-                }
-                res => res?,
-            };
-            if found.is_some() {
-                return Err(Status::already_exists(format!(
-                    "volume {:?} already exists in pool {}",
-                    name.as_str(),
-                    other.name()
-                )));
-            }
-        }
-        Ok(())
-    }
-
     /// UNIMPLEMENTED when no pool of this node takes snapshots (the
     /// capability is then not advertised either).
     fn snapshots_offered(&self) -> Result<()> {
         match self.driver.pools.any_snapshots() {
             true => Ok(()),
-            false => Err(Status::unimplemented(
-                "no pool of this node supports snapshots",
-            )),
+            false => Err(Refusal::NoSnapshots.into()),
         }
     }
 
@@ -145,10 +88,10 @@ impl ControllerService {
             VolumeId::parse("volume_id", volume_id)?,
             ParsedId::Volume(_)
         ) {
-            return Err(Status::not_found(format!(
-                "volume {:?} is not a localvol volume",
-                truncate(volume_id)
-            )));
+            return Err(Refusal::NotOurs {
+                id: truncate(volume_id).to_owned(),
+            }
+            .into());
         }
         let size = if range.required > 0 {
             range.required
@@ -208,10 +151,10 @@ impl ControllerService {
         {
             return Ok(());
         }
-        Err(Status::resource_exhausted(format!(
-            "node {} is not in the requested topology; volumes of this driver can only be created on the node that serves the request",
-            self.driver.node_id
-        )))
+        Err(Refusal::NotInTopology {
+            node: self.driver.node_id.clone(),
+        }
+        .into())
     }
 }
 
@@ -227,11 +170,12 @@ fn decode_max_entries(v: i32) -> Result<usize> {
 }
 
 /// A starting token that names no entry: ABORTED (the spec's code).
-fn bad_token(token: &str, what: &str) -> Status {
-    Status::aborted(format!(
-        "starting_token {:?} is not valid (no such {what})",
-        truncate(token)
-    ))
+fn bad_token(token: &str, what: &'static str) -> Status {
+    Refusal::BadToken {
+        token: truncate(token).to_owned(),
+        what,
+    }
+    .into()
 }
 
 /// One page of a list sorted by id: `(start, end, next_token)`. The token is
@@ -242,7 +186,7 @@ fn page<T>(
     id: impl Fn(&T) -> &String,
     token: &str,
     max: usize,
-    what: &str,
+    what: &'static str,
 ) -> Result<(usize, usize, String)> {
     let start = if token.is_empty() {
         0
@@ -296,10 +240,11 @@ fn content_source(
             pool.name(),
             pool.backend()
         ))),
-        Some((kind, ParsedId::Foreign(raw))) => Err(Status::not_found(format!(
-            "{kind} {:?} does not exist",
-            truncate(&raw)
-        ))),
+        Some((kind, ParsedId::Foreign(raw))) => Err(Refusal::Missing {
+            kind,
+            id: truncate(&raw).to_owned(),
+        }
+        .into()),
         Some(("snapshot", ParsedId::Volume(src))) => Ok(Some(ContentSource::Snapshot(src))),
         Some((_, ParsedId::Volume(src))) => Ok(Some(ContentSource::Volume(src))),
     }
@@ -340,23 +285,6 @@ fn snapshot_to_csi(s: &Snapshot) -> csi::Snapshot {
     }
 }
 
-pub(crate) fn decode_range(r: Option<&csi::CapacityRange>) -> Result<CapacityRange> {
-    let Some(r) = r else {
-        return Ok(CapacityRange::default());
-    };
-    let range = CapacityRange {
-        required: bytes("capacity_range.required_bytes", r.required_bytes)?,
-        limit: bytes("capacity_range.limit_bytes", r.limit_bytes)?,
-    };
-    if range.limit > 0 && range.required > range.limit {
-        return Err(Status::invalid_argument(format!(
-            "capacity_range: required_bytes {} is larger than limit_bytes {}",
-            range.required, range.limit
-        )));
-    }
-    Ok(range)
-}
-
 /// Raises the smallest size a mount volume of a formatting pool may have to
 /// what its filesystem can be made on (and, encrypted, the LUKS header
 /// beside it), within the request's limit. Without this a 64Mi XFS claim
@@ -395,18 +323,17 @@ fn fit_filesystem(
         return Ok(range);
     }
     if range.limit > 0 && range.limit < min {
-        return Err(Status::out_of_range(format!(
-            "a {} volume needs at least {} (mkfs.{} refuses less){}; limit_bytes is {}",
-            fs.as_str(),
-            human(min),
-            fs.as_str(),
-            if encrypted {
+        return Err(Refusal::TooSmallForFilesystem {
+            fs: fs.as_str(),
+            min: human(min),
+            luks: if encrypted {
                 ", the LUKS2 header included"
             } else {
                 ""
             },
-            human(range.limit)
-        )));
+            limit: human(range.limit),
+        }
+        .into());
     }
     Ok(CapacityRange {
         required: min,
@@ -442,16 +369,20 @@ impl csi::controller_server::Controller for ControllerService {
         rpc("CreateVolume", &req.name, async {
             let name = VolumeName::parse(&req.name)?;
             let caps = decode_capabilities(&req.volume_capabilities)?;
-            let range = decode_range(req.capacity_range.as_ref())?;
+            let range = super::decode_range(req.capacity_range.as_ref())?;
             let params = decode_params(&req.parameters)?;
             let content = decode_content_source(req.volume_content_source.as_ref())?;
+            let d = &self.driver;
             if !req.mutable_parameters.is_empty() {
                 return Err(Status::invalid_argument(
                     "mutable_parameters are not supported",
                 ));
             }
-            let d = &self.driver;
-            let pool = self.pool_for(params.pool.as_ref(), content.as_ref())?;
+            let source_id = match &content {
+                Some((kind, ParsedId::Volume(src))) => Some((*kind, src)),
+                _ => None,
+            };
+            let pool = d.pool_for_new(params.pool.as_ref(), source_id)?;
             if params.encryption.is_some() && !pool.encrypts() {
                 return Err(Status::invalid_argument(format!(
                     "{} applies to LVM pools; pool {} is {}",
@@ -474,18 +405,16 @@ impl csi::controller_server::Controller for ControllerService {
             let pool_name = pool.name().clone();
 
             let id = VolumeId::new(pool_name, &name);
-            // The lock key is the name's hash, the same in every pool.
-            let _guard = d
-                .locks
-                .try_lock(id.key.as_str(), &format!("volume {:?}", name.as_str()))?;
-            // The source must not change or vanish while it is copied.
-            let _source_guard = match &source {
-                Some(ContentSource::Snapshot(s) | ContentSource::Volume(s)) => {
-                    Some(d.locks.try_lock(s.key.as_str(), &format!("source {s}"))?)
-                }
+            let source_id = match &source {
+                Some(ContentSource::Snapshot(s) | ContentSource::Volume(s)) => Some(s),
                 None => None,
             };
-            self.refuse_name_in_other_pools(pool.as_ref(), &name)
+            let _locks = d.lock_with_source(
+                id.key.as_str(),
+                &format!("volume {:?}", name.as_str()),
+                source_id,
+            )?;
+            d.refuse_name_elsewhere(pool.name(), &name, Kind::Volume)
                 .await?;
             let vol = pool
                 .create(&CreateRequest {
@@ -532,9 +461,7 @@ impl csi::controller_server::Controller for ControllerService {
         _req: Request<csi::ControllerPublishVolumeRequest>,
     ) -> Result<Response<csi::ControllerPublishVolumeResponse>, Status> {
         rpc("ControllerPublishVolume", "", async {
-            Err(Status::unimplemented(
-                "ControllerPublishVolume is not needed by local volumes",
-            ))
+            Err(Refusal::NotNeeded("ControllerPublishVolume").into())
         })
         .await
     }
@@ -544,9 +471,7 @@ impl csi::controller_server::Controller for ControllerService {
         _req: Request<csi::ControllerUnpublishVolumeRequest>,
     ) -> Result<Response<csi::ControllerUnpublishVolumeResponse>, Status> {
         rpc("ControllerUnpublishVolume", "", async {
-            Err(Status::unimplemented(
-                "ControllerUnpublishVolume is not needed by local volumes",
-            ))
+            Err(Refusal::NotNeeded("ControllerUnpublishVolume").into())
         })
         .await
     }
@@ -723,18 +648,15 @@ impl csi::controller_server::Controller for ControllerService {
             let source = match VolumeId::parse("source_volume_id", &req.source_volume_id)? {
                 ParsedId::Volume(id) => id,
                 ParsedId::Foreign(raw) => {
-                    return Err(Status::not_found(format!(
-                        "source volume {:?} does not exist",
-                        truncate(&raw)
-                    )))
+                    return Err(Refusal::Missing {
+                        kind: "source volume",
+                        id: truncate(&raw).to_owned(),
+                    }
+                    .into())
                 }
             };
             let d = &self.driver;
-            let pool = d
-                .pools
-                .get(&source.pool)
-                .ok_or_else(|| Status::not_found(format!("source volume {source} does not exist")))?
-                .clone();
+            let pool = d.pool_of_source(&source)?;
             let Some(snapshots) = pool.snapshots() else {
                 return Err(Status::invalid_argument(format!(
                     "pool {} ({}) does not support snapshots",
@@ -746,28 +668,13 @@ impl csi::controller_server::Controller for ControllerService {
                 pool: source.pool.clone(),
                 key: name.snapshot_key(),
             };
-            let _guard = d
-                .locks
-                .try_lock(id.key.as_str(), &format!("snapshot {:?}", name.as_str()))?;
-            let _source_guard = d
-                .locks
-                .try_lock(source.key.as_str(), &format!("volume {source}"))?;
-            for other in d.pools.iter().filter(|p| p.name() != pool.name()) {
-                let other_id = VolumeId {
-                    pool: other.name().clone(),
-                    key: id.key.clone(),
-                };
-                let Some(theirs) = other.snapshots() else {
-                    continue;
-                };
-                if theirs.get_snapshot(&other_id).await?.is_some() {
-                    return Err(Status::already_exists(format!(
-                        "snapshot {:?} already exists in pool {}",
-                        name.as_str(),
-                        other.name()
-                    )));
-                }
-            }
+            let _locks = d.lock_with_source(
+                id.key.as_str(),
+                &format!("snapshot {:?}", name.as_str()),
+                Some(&source),
+            )?;
+            d.refuse_name_elsewhere(pool.name(), &name, Kind::Snapshot)
+                .await?;
             let snap = snapshots
                 .create_snapshot(&SnapshotRequest {
                     id,
@@ -858,7 +765,7 @@ impl csi::controller_server::Controller for ControllerService {
         let req = req.into_inner();
         rpc("ControllerExpandVolume", &req.volume_id, async {
             crate::ids::check_text("volume_id", &req.volume_id)?;
-            let range = decode_range(req.capacity_range.as_ref())?;
+            let range = super::decode_range(req.capacity_range.as_ref())?;
             if range.required == 0 && range.limit == 0 {
                 return Err(Status::invalid_argument("capacity_range is required"));
             }
@@ -872,21 +779,23 @@ impl csi::controller_server::Controller for ControllerService {
                 // so the PV never grows beyond what NodeExpandVolume can do.
                 let size = range.required.max(vol.size_bytes);
                 if range.required < vol.size_bytes && !range.admits(vol.size_bytes) {
-                    return Err(Status::out_of_range(format!(
-                        "volume {id} is {} bytes; shrinking is not supported",
-                        vol.size_bytes
-                    )));
+                    return Err(Refusal::Shrink {
+                        id: id.to_string(),
+                        size: vol.size_bytes,
+                    }
+                    .into());
                 }
                 let growth = size - vol.size_bytes;
                 let available = pool.capacity().await?.available_bytes;
                 if growth > available {
-                    return Err(Status::out_of_range(format!(
-                        "volume {id} needs {} more, but pool {} has {} free; ask for at most {}",
-                        human(growth),
-                        pool.name(),
-                        human(available),
-                        human(vol.size_bytes + available)
-                    )));
+                    return Err(Refusal::NoRoomToGrow {
+                        id: id.to_string(),
+                        growth: human(growth),
+                        pool: pool.name().to_string(),
+                        available: human(available),
+                        most: human(vol.size_bytes + available),
+                    }
+                    .into());
                 }
                 crate::pool::Expanded {
                     size_bytes: size,
@@ -908,9 +817,7 @@ impl csi::controller_server::Controller for ControllerService {
         _req: Request<csi::ControllerGetVolumeRequest>,
     ) -> Result<Response<csi::ControllerGetVolumeResponse>, Status> {
         rpc("ControllerGetVolume", "", async {
-            Err(Status::unimplemented(
-                "ControllerGetVolume is not supported",
-            ))
+            Err(Refusal::Unsupported("ControllerGetVolume").into())
         })
         .await
     }
@@ -920,9 +827,7 @@ impl csi::controller_server::Controller for ControllerService {
         _req: Request<csi::ControllerModifyVolumeRequest>,
     ) -> Result<Response<csi::ControllerModifyVolumeResponse>, Status> {
         rpc("ControllerModifyVolume", "", async {
-            Err(Status::unimplemented(
-                "ControllerModifyVolume is not supported",
-            ))
+            Err(Refusal::Unsupported("ControllerModifyVolume").into())
         })
         .await
     }

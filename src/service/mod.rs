@@ -226,25 +226,25 @@ pub fn decode_storage_id(ctx: &HashMap<String, String>) -> Result<Option<Storage
         .transpose()
 }
 
-/// A volume whose context names other storage than the pool it was found
-/// in is not this volume (its disks were replaced; an id matched by
-/// chance): FAILED_PRECONDITION, nothing mounted.
-pub fn check_storage(
-    id: &crate::ids::VolumeId,
-    pool: &dyn crate::pool::Pool,
-    want: Option<&StorageId>,
-) -> Result<()> {
-    match (want, pool.storage_id()) {
-        (Some(want), Some(have)) if want != have => Err(Status::failed_precondition(format!(
-            "volume {id} was created on storage {want}; pool {} of this node is {have} \
-             (the node's disks were replaced?)",
-            pool.name()
-        ))),
-        _ => Ok(()),
+/// Converts a CSI byte count (int64) to u64; negative is INVALID_ARGUMENT.
+/// A request's capacity range (absent: no constraint).
+pub fn decode_range(r: Option<&csi::CapacityRange>) -> Result<crate::pool::CapacityRange> {
+    let Some(r) = r else {
+        return Ok(crate::pool::CapacityRange::default());
+    };
+    let range = crate::pool::CapacityRange {
+        required: bytes("capacity_range.required_bytes", r.required_bytes)?,
+        limit: bytes("capacity_range.limit_bytes", r.limit_bytes)?,
+    };
+    if range.limit > 0 && range.required > range.limit {
+        return Err(Status::invalid_argument(format!(
+            "capacity_range: required_bytes {} is larger than limit_bytes {}",
+            range.required, range.limit
+        )));
     }
+    Ok(range)
 }
 
-/// Converts a CSI byte count (int64) to u64; negative is INVALID_ARGUMENT.
 pub fn bytes(what: &str, v: i64) -> Result<u64> {
     u64::try_from(v)
         .map_err(|_| Status::invalid_argument(format!("{what} must not be negative (got {v})")))

@@ -5,21 +5,22 @@ use std::sync::Arc;
 
 use tonic::{Request, Response, Status};
 
+use super::status::Refusal;
 use super::{decode_capability, rpc, to_i64, Capability, Driver, Result};
-use crate::blockdev::{self, Content, FsType};
+use crate::blockdev::FsType;
 use crate::crypt::{self, Key, KEY_FIELD};
 use crate::csi;
 use crate::csi::node_service_capability::{rpc::Type as RpcType, Rpc, Type as CapType};
 use crate::error::blocking;
-use crate::fsutil::{self, PathPlace, RequestPath};
+use crate::fsutil::{PathPlace, RequestPath};
 use crate::ids::{check_text, truncate, VolumeName};
 use crate::mount::parse_bind_flag;
-use crate::nodeops::{self, MountAt, NodeError};
+use crate::nodeops::pipeline::{self, MountOptions, VolumeAtPath};
+use crate::nodeops::{self, NodeError};
 use crate::pool::{
-    AccessMode, AccessType, CapacityRange, CreateRequest, Pool, Source, Volume, EPHEMERAL_KEY,
+    AccessType, CapacityRange, CreateRequest, Pool, Source, Volume, EPHEMERAL_KEY,
     EPHEMERAL_TARGET_KEY,
 };
-use sys_mount::MountFlags;
 
 pub struct NodeService {
     driver: Arc<Driver>,
@@ -82,15 +83,9 @@ impl NodeService {
 
     /// Where a NodeGetVolumeStats or NodeExpandVolume request says the volume
     /// is. Call it after every other argument is decoded and the volume was
-    /// found: the answers here are NOT_FOUND (the volume is not at that path),
-    /// which must not mask an invalid argument or an unknown volume. One
-    /// blocking call resolves the path, checks it exists, looks at what is
-    /// mounted there and, with `stats`, takes the filesystem's figures there.
-    ///
-    /// NOT_FOUND: the path cannot hold a volume of this driver (relative, or
-    /// outside the kubelet dir), does not exist, or holds another mount.
-    /// Otherwise the path, `Err(why)` when the volume is not mounted there
-    /// (a plain directory, or the volume cannot be located), and the figures.
+    /// found: the answers here are NOT_FOUND (the volume is not at that path:
+    /// relative, outside the kubelet dir, missing, or another mount), which
+    /// must not mask an invalid argument or an unknown volume.
     async fn volume_path(
         &self,
         place: PathPlace,
@@ -98,47 +93,7 @@ impl NodeService {
         vol: &Volume,
         stats: bool,
     ) -> Result<VolumeAtPath> {
-        let rp = match place {
-            PathPlace::Below(rp) => rp,
-            PathPlace::Elsewhere(why) => {
-                return Err(Status::not_found(format!(
-                    "volume {} is not at that path: {why}",
-                    vol.id
-                )))
-            }
-        };
-        let (src, access, id) = (pool.source(vol)?, vol.access_type, vol.id.clone());
-        blocking(move || -> Result<_> {
-            let path = rp.resolve()?;
-            let mounted = match nodeops::volume_at(&path, &src, access)? {
-                MountAt::Missing => {
-                    return Err(Status::not_found(format!(
-                        "volume_path {path:?} does not exist"
-                    )))
-                }
-                MountAt::Volume => Ok(()),
-                MountAt::Unlocated(why) => Err(why),
-                MountAt::Nothing => Err(format!("{path:?} is not a mount of this volume")),
-                MountAt::Stale => Err(format!(
-                    "{path:?} is not a mount of this volume: it binds the volume's device node as it was before the device was recreated"
-                )),
-                MountAt::Other => {
-                    return Err(Status::not_found(format!(
-                        "volume {id} is not at {path:?}: another mount is there"
-                    )))
-                }
-            };
-            let stats = match stats {
-                true => Some(fsutil::fs_stats(&path)?),
-                false => None,
-            };
-            Ok(VolumeAtPath {
-                path,
-                mounted,
-                stats,
-            })
-        })
-        .await
+        Ok(pipeline::volume_at_path(place, pool.source(vol)?, vol, stats).await?)
     }
 
     /// The `volume_path` of NodeGetVolumeStats / NodeExpandVolume, decoded:
@@ -151,15 +106,6 @@ impl NodeService {
             p,
         )?)
     }
-}
-
-/// What [`NodeService::volume_path`] found.
-struct VolumeAtPath {
-    path: PathBuf,
-    /// `Err(why)`: the volume is not mounted at the path.
-    mounted: std::result::Result<(), String>,
-    /// statvfs at the path, when asked for.
-    stats: Option<fsutil::FsStats>,
 }
 
 impl NodeService {
@@ -264,16 +210,8 @@ fn check_access_type(cap: &Capability, vol: &Volume) -> Result<()> {
 
 /// Mount flags split into per-mount flags and filesystem options. Directory
 /// volumes take per-mount flags only (they are bind mounts).
-struct MountOptions {
-    flags: MountFlags,
-    data: Vec<String>,
-}
-
 fn mount_options(cap: &Capability, src: &Source) -> Result<MountOptions> {
-    let mut out = MountOptions {
-        flags: MountFlags::empty(),
-        data: Vec::new(),
-    };
+    let mut out = MountOptions::default();
     for f in &cap.mount_flags {
         if let Some(flag) = parse_bind_flag(f) {
             out.flags |= flag;
@@ -297,58 +235,6 @@ fn mount_options(cap: &Capability, src: &Source) -> Result<MountOptions> {
     Ok(out)
 }
 
-/// Picks the filesystem for a device volume and creates it if the device is
-/// blank. Existing data is never reformatted: a filesystem already there is
-/// used as it is, and a request for another type is refused.
-async fn prepare_filesystem(
-    dev: &std::path::Path,
-    cap: &Capability,
-    default: Option<FsType>,
-    unformatted: bool,
-) -> Result<FsType> {
-    let requested = match cap.fs_type.as_str() {
-        "" => None,
-        t => Some(FsType::parse(t)?),
-    };
-    let fs_if_blank = requested.or(default).unwrap_or(FsType::Ext4);
-    if unformatted {
-        // The pool says the driver never finished a filesystem here: what is
-        // on the device can only be a format of its own cut short.
-        let found = blockdev::format_whole(dev, fs_if_blank).await?;
-        if found != Content::Empty {
-            tracing::warn!(
-                device = ?dev,
-                ?found,
-                "replaced what a cut-short format left on a volume that was never formatted"
-            );
-        }
-        return Ok(fs_if_blank);
-    }
-    match blockdev::format_if_blank(dev, fs_if_blank).await? {
-        Content::Empty => Ok(fs_if_blank),
-        Content::Filesystem(t) => {
-            let found = FsType::parse(&t).map_err(|_| {
-                Status::failed_precondition(format!(
-                    "{dev:?} holds a {t} filesystem, which this driver does not mount"
-                ))
-            })?;
-            if requested.is_some_and(|r| r != found) {
-                return Err(Status::failed_precondition(format!(
-                    "{dev:?} already holds {t}; the request asks for {}: not reformatting",
-                    cap.fs_type
-                )));
-            }
-            Ok(found)
-        }
-        Content::Luks => Err(Status::failed_precondition(format!(
-            "{dev:?} holds a LUKS (encrypted) volume, but the volume is not recorded as encrypted; not formatting or mounting it"
-        ))),
-        Content::Other(what) => Err(Status::failed_precondition(format!(
-            "{dev:?} holds {what}; not formatting or mounting it"
-        ))),
-    }
-}
-
 #[tonic::async_trait]
 impl csi::node_server::Node for NodeService {
     async fn node_stage_volume(
@@ -365,7 +251,8 @@ impl csi::node_server::Node for NodeService {
             let key = req.secrets.get(KEY_FIELD).map(|v| Key::new(v.as_bytes()));
             let storage = super::decode_storage_id(&req.volume_context)?;
             let (id, pool, vol) = self.driver.require("volume_id", &req.volume_id).await?;
-            super::check_storage(&id, pool.as_ref(), storage.as_ref())?;
+            self.driver
+                .check_storage(&id, pool.as_ref(), storage.as_ref())?;
             check_access_type(&cap, &vol)?;
             let enc = pool.encrypted(&vol)?;
             let key = match (&enc, key) {
@@ -384,93 +271,19 @@ impl csi::node_server::Node for NodeService {
                     )))
                 }
             };
-            let src = pool.source(&vol)?;
-            let opts = mount_options(&cap, &src)?;
+            let opts = mount_options(&cap, &pool.source(&vol)?)?;
+            let fs_type = match cap.fs_type.as_str() {
+                "" => None,
+                t => Some(FsType::parse(t)?),
+            };
             let _guard = self.driver.lock_volume(&id)?;
-            if vol.inactive {
-                pool.activate(&vol).await?;
-            }
-            if let (Some(enc), Some(key)) = (&enc, &key) {
-                // LUKS2 on the LV if it is blank, then open (or reuse) the
-                // mapping: `src` is the mapping from here on.
-                crypt::ensure_open(&enc.backing, &enc.mapping, key).await?;
-            }
-            drop(key);
-            match (src, vol.access_type) {
-                (Source::Directory(dir), _) if !pool.stages_directories() => {
-                    // Published straight from the source: checked, not mounted.
-                    blocking(move || -> Result<()> {
-                        staging.resolve()?;
-                        Ok(nodeops::check_dir(&dir)?)
-                    })
-                    .await?;
-                }
-                (Source::Directory(dir), _) => {
-                    blocking(move || -> Result<()> {
-                        Ok(nodeops::stage_dir(&dir, &staging.resolve()?)?)
-                    })
-                    .await?;
-                }
-                // Raw block volumes are published straight from the device;
-                // the staging path is only checked.
-                (Source::Device(_), AccessType::Block) => {
-                    blocking(move || staging.resolve()).await?;
-                }
-                (Source::Device(dev), AccessType::Mount) => {
-                    let d = dev.clone();
-                    let (staging, staged) = blocking(move || -> Result<_> {
-                        let staging = staging.resolve()?;
-                        let want = nodeops::device_fs_location(&d)?;
-                        let staged = nodeops::staged_fs_type(&staging, &want)?;
-                        Ok((staging, staged))
-                    })
-                    .await?;
-                    if let Some(fs) = staged {
-                        // A retry after the grow below failed: grow it now.
-                        if vol.grow_filesystem {
-                            if let Some(enc) = &enc {
-                                crypt::resize(&enc.mapping).await?;
-                            }
-                            blockdev::grow_fs(&dev, &staging, FsType::parse(&fs)?).await?;
-                            pool.filesystem_grown(&vol).await?;
-                        }
-                        return Ok(csi::NodeStageVolumeResponse {});
-                    }
-                    let fs =
-                        prepare_filesystem(&dev, &cap, pool.default_fs_type(), vol.unformatted)
-                            .await?;
-                    if vol.unformatted {
-                        // Before the mount: no data is ever written to a
-                        // volume the next stage would format whole.
-                        pool.filesystem_made(&vol).await?;
-                    }
-                    let mut data = opts.data;
-                    if !fs.default_mount_data().is_empty() {
-                        data.push(fs.default_mount_data().to_owned());
-                    }
-                    let data = data.join(",");
-                    let (d, st) = (dev.clone(), staging.clone());
-                    blocking(move || -> Result<_> {
-                        Ok(nodeops::stage_device(
-                            &d,
-                            &st,
-                            fs.as_str(),
-                            opts.flags,
-                            &data,
-                        )?)
-                    })
-                    .await?;
-                    // Restored or cloned into a larger volume: the filesystem
-                    // still has its source's size until it is grown.
-                    if vol.grow_filesystem {
-                        if let Some(enc) = &enc {
-                            crypt::resize(&enc.mapping).await?;
-                        }
-                        blockdev::grow_fs(&dev, &staging, fs).await?;
-                        pool.filesystem_grown(&vol).await?;
-                    }
-                }
-            }
+            let stage = pipeline::Stage {
+                staging,
+                fs_type,
+                mount: opts,
+                key,
+            };
+            pipeline::stage(pool.as_ref(), &vol, stage).await?;
             Ok(csi::NodeStageVolumeResponse {})
         })
         .await
@@ -529,71 +342,19 @@ impl csi::node_server::Node for NodeService {
                 )));
             }
             let (id, pool, vol) = self.driver.require("volume_id", &req.volume_id).await?;
-            super::check_storage(&id, pool.as_ref(), storage.as_ref())?;
+            self.driver
+                .check_storage(&id, pool.as_ref(), storage.as_ref())?;
             check_access_type(&cap, &vol)?;
-            let src = pool.source(&vol)?;
-            let opts = mount_options(&cap, &src)?;
-            if let Some(enc) = pool.encrypted(&vol)? {
-                // Its source is the mapping NodeStage opens (with the key).
-                let name = enc.mapping.clone();
-                if blocking(move || Ok::<_, Status>(crypt::mapped_device(&name)?)).await?.is_none() {
-                    return Err(Status::failed_precondition(format!(
-                        "volume {id} is encrypted and not staged (mapping {} is not open); call NodeStageVolume first",
-                        enc.mapping
-                    )));
-                }
-            }
-            let read_only = req.readonly || cap.mode.read_only();
-            let single_writer = cap.mode == AccessMode::SingleNodeSingleWriter;
-            if let (Source::Device(dev), AccessType::Block) = (&src, vol.access_type) {
-                let dev = dev.clone();
-                let _guard = self.driver.lock_volume(&id)?;
-                if vol.inactive {
-                    pool.activate(&vol).await?;
-                }
-                blocking(move || -> Result<_> {
-                    let (scope, target) = target.resolve_in()?;
-                    Ok(nodeops::publish_block(&dev, &scope, &target, read_only, single_writer)?)
-                })
-                .await?;
-                return Ok(csi::NodePublishVolumeResponse {});
-            }
-            if let (Source::Directory(dir), false) = (&src, pool.stages_directories()) {
-                let dir = dir.clone();
-                let _guard = self.driver.lock_volume(&id)?;
-                blocking(move || -> Result<_> {
-                    let (scope, target) = target.resolve_in()?;
-                    Ok(nodeops::publish_unstaged(
-                        &scope,
-                        &dir,
-                        &target,
-                        read_only,
-                        opts.flags,
-                        single_writer,
-                    )?)
-                })
-                .await?;
-                return Ok(csi::NodePublishVolumeResponse {});
-            }
-            let staging = staging.ok_or_else(|| {
-                Status::invalid_argument("staging_target_path is required")
-            })?;
+            let opts = mount_options(&cap, &pool.source(&vol)?)?;
             let _guard = self.driver.lock_volume(&id)?;
-            let access = vol.access_type;
-            blocking(move || -> Result<_> {
-                let (staging, (scope, target)) = (staging.resolve()?, target.resolve_in()?);
-                Ok(nodeops::publish(
-                    &scope,
-                    &staging,
-                    &target,
-                    &src,
-                    access,
-                    read_only,
-                    opts.flags,
-                    single_writer,
-                )?)
-            })
-            .await?;
+            let publish = pipeline::Publish {
+                target,
+                staging,
+                read_only: req.readonly,
+                mode: cap.mode,
+                mount: opts,
+            };
+            pipeline::publish(pool.as_ref(), &vol, publish).await?;
             Ok(csi::NodePublishVolumeResponse {})
         })
         .await
@@ -638,10 +399,11 @@ impl csi::node_server::Node for NodeService {
                 })
                 .await?;
                 if !removed {
-                    return Err(Status::not_found(format!(
-                        "volume {:?} does not exist",
-                        req.volume_id
-                    )));
+                    return Err(Refusal::Missing {
+                        kind: "volume",
+                        id: truncate(&req.volume_id).to_owned(),
+                    }
+                    .into());
                 }
                 return Ok(csi::NodeUnpublishVolumeResponse {});
             };
@@ -734,7 +496,7 @@ impl csi::node_server::Node for NodeService {
                 "" => None,
                 s => Some(self.path("staging_target_path", s).await?),
             };
-            let range = super::controller::decode_range(req.capacity_range.as_ref())?;
+            let range = super::decode_range(req.capacity_range.as_ref())?;
             let cap = match req.volume_capability.as_ref() {
                 Some(c) => Some(decode_capability(c)?),
                 None => None,
@@ -745,40 +507,15 @@ impl csi::node_server::Node for NodeService {
             }
             // Only a path that holds this volume: never resize a volume on
             // the word of a path that is another volume's (or nothing).
-            let VolumeAtPath { path, mounted, .. } =
-                self.volume_path(place, &pool, &vol, false).await?;
-            if let Err(why) = mounted {
-                return Err(Status::failed_precondition(format!(
-                    "not expanding volume {id}: {why}; publish or stage it first"
-                )));
-            }
+            let at = self.volume_path(place, &pool, &vol, false).await?;
             let _guard = self.driver.lock_volume(&id)?;
-            // The volume lives here, so the node applies the size: this is what
-            // makes a central resizer work, whose ControllerExpandVolume may run
-            // on another node.
-            let size = if range.required > vol.size_bytes || pool.expands_on_node() {
-                pool.expand(&id, range).await?.size_bytes
-            } else {
-                vol.size_bytes
+            let expand = pipeline::Expand {
+                id,
+                range,
+                at,
+                staging,
             };
-            // Encrypted: the open mapping grows to the LV, then what is on it.
-            if let Some(enc) = pool.encrypted(&vol)? {
-                crypt::resize(&enc.mapping).await?;
-            }
-            // Device volumes with a filesystem: grow it online to the new size.
-            if let (Source::Device(dev), AccessType::Mount) = (pool.source(&vol)?, vol.access_type)
-            {
-                let mount_point = staging.unwrap_or(path);
-                let mp = mount_point.clone();
-                let fs = blocking(move || nodeops::fs_type_at(&mp))
-                    .await?
-                    .ok_or_else(|| {
-                        Status::failed_precondition(format!(
-                            "{mount_point:?} is not mounted; stage the volume first"
-                        ))
-                    })?;
-                blockdev::grow_fs(&dev, &mount_point, FsType::parse(&fs)?).await?;
-            }
+            let size = pipeline::expand(pool.as_ref(), &vol, expand).await?;
             Ok(csi::NodeExpandVolumeResponse {
                 capacity_bytes: to_i64(size),
             })

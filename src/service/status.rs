@@ -19,6 +19,7 @@ use crate::k8s::room::RoomError;
 use crate::locks::Busy;
 use crate::lvm::LvmError;
 use crate::mount::MountError;
+use crate::nodeops::pipeline::StepError;
 use crate::nodeops::NodeError;
 use crate::pool::PoolError;
 use crate::quota::QuotaError;
@@ -119,6 +120,28 @@ pub fn node_code(e: &NodeError) -> Code {
     }
 }
 
+/// A node pipeline's own refusals are about what the volume holds or where
+/// it is; the rest keep their layer's code.
+pub fn step_code(e: &StepError) -> Code {
+    match e {
+        StepError::Node(e) => node_code(e),
+        StepError::Pool(e) => pool_code(e),
+        StepError::Crypt(e) => crypt_code(e),
+        StepError::Command(e) => command_code(e),
+        StepError::Path(e) => path_code(e),
+        StepError::Io(e) => io_code(e),
+        StepError::KeyRequired { .. } | StepError::StagingRequired => Code::InvalidArgument,
+        StepError::NotAtPath(_) => Code::NotFound,
+        StepError::Unmountable { .. }
+        | StepError::OtherFilesystem { .. }
+        | StepError::UnrecordedLuks { .. }
+        | StepError::ForeignContent { .. }
+        | StepError::EncryptedNotStaged { .. }
+        | StepError::NotMounted { .. }
+        | StepError::NotMountedHere { .. } => Code::FailedPrecondition,
+    }
+}
+
 pub fn pool_code(e: &PoolError) -> Code {
     use PoolError as P;
     match e {
@@ -167,6 +190,10 @@ pub fn driver_code(e: &DriverError) -> Code {
         DriverError::Pool(e) => pool_code(e),
         DriverError::Static(e) => static_code(e),
         DriverError::Io(e) => io_code(e),
+        DriverError::NameTaken { .. } => Code::AlreadyExists,
+        DriverError::SourceInOtherPool { .. } => Code::InvalidArgument,
+        DriverError::SourceNotFound { .. } => Code::NotFound,
+        DriverError::OtherStorage { .. } => Code::FailedPrecondition,
     }
 }
 
@@ -208,6 +235,64 @@ pub fn unhealthy_code(_: &Unhealthy) -> Code {
     Code::FailedPrecondition
 }
 
+/// What a service refuses by itself, once a request is decoded: each
+/// refusal's code is chosen here like every layer's error's.
+#[derive(Debug, thiserror::Error)]
+pub enum Refusal {
+    /// An id this node has nothing for (not this driver's format, or a
+    /// volume gone).
+    #[error("{kind} {id:?} does not exist")]
+    Missing { kind: &'static str, id: String },
+    #[error("volume {id:?} is not a localvol volume")]
+    NotOurs { id: String },
+    #[error("no pool of this node supports snapshots")]
+    NoSnapshots,
+    #[error("{0} is not supported")]
+    Unsupported(&'static str),
+    #[error("{0} is not needed by local volumes")]
+    NotNeeded(&'static str),
+    /// The spec's code for a node that is not in the requested topology.
+    #[error("node {node} is not in the requested topology; volumes of this driver can only be created on the node that serves the request")]
+    NotInTopology { node: String },
+    /// A list's starting token that names no entry (the spec's ABORTED).
+    #[error("starting_token {token:?} is not valid (no such {what})")]
+    BadToken { token: String, what: &'static str },
+    #[error("volume {id} is {size} bytes; shrinking is not supported")]
+    Shrink { id: String, size: u64 },
+    #[error("volume {id} needs {growth} more, but pool {pool} has {available} free; ask for at most {most}")]
+    NoRoomToGrow {
+        id: String,
+        growth: String,
+        pool: String,
+        available: String,
+        most: String,
+    },
+    /// A limit below the smallest device the filesystem can be made on.
+    #[error(
+        "a {fs} volume needs at least {min} (mkfs.{fs} refuses less){luks}; limit_bytes is {limit}"
+    )]
+    TooSmallForFilesystem {
+        fs: &'static str,
+        min: String,
+        luks: &'static str,
+        limit: String,
+    },
+}
+
+pub fn refusal_code(e: &Refusal) -> Code {
+    match e {
+        Refusal::Missing { .. } | Refusal::NotOurs { .. } => Code::NotFound,
+        Refusal::NoSnapshots | Refusal::Unsupported(_) | Refusal::NotNeeded(_) => {
+            Code::Unimplemented
+        }
+        Refusal::NotInTopology { .. } => Code::ResourceExhausted,
+        Refusal::BadToken { .. } => Code::Aborted,
+        Refusal::Shrink { .. }
+        | Refusal::NoRoomToGrow { .. }
+        | Refusal::TooSmallForFilesystem { .. } => Code::OutOfRange,
+    }
+}
+
 /// Implements `From<$t> for Status` through a code function.
 macro_rules! to_status {
     ($($t:ty => $code:expr;)*) => {$(
@@ -230,6 +315,8 @@ to_status! {
     QuotaError => quota_code;
     LvmError => lvm_code;
     NodeError => node_code;
+    StepError => step_code;
+    Refusal => refusal_code;
     PoolError => pool_code;
     StaticError => static_code;
     DriverError => driver_code;
