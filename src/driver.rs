@@ -1,7 +1,10 @@
 //! The driver's shared state: its identity, its pools, the per-volume locks
-//! and the statically discovered volumes. It sits below the CSI services
-//! (which only decode requests, call down and map errors) and is also used by
-//! metrics, static discovery and orphan reports; it knows nothing of gRPC.
+//! and the statically discovered volumes, and the rules that span pools: a
+//! name is one volume or snapshot whatever the pool, the pool a new volume
+//! goes to, a volume's storage identity, and the lock pair of something made
+//! from a source. It sits below the CSI services (which decode requests, call
+//! down and answer) and is also used by metrics, static discovery and orphan
+//! reports; it knows nothing of gRPC.
 
 use std::path::PathBuf;
 use std::sync::Arc;

@@ -3,8 +3,8 @@
 //! A full ListVolumes of a node with 10,000 volumes builds its answer in a
 //! few MB of small allocations that are all freed once it is sent. glibc
 //! keeps freed memory inside its heaps and returns only the top of each, so
-//! without help the driver's resident set stays at its peak (issue 12: RSS
-//! is counted on every node). [`release_soon`] asks glibc to hand back every
+//! without help the driver's resident set stays at its peak (and RSS is
+//! paid on every node). [`release_soon`] asks glibc to hand back every
 //! free page (`malloc_trim(0)`) shortly after such a burst, once the answer
 //! has gone out; bursts close together share one trim.
 

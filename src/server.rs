@@ -93,14 +93,14 @@ impl RuntimeSizing {
     ///   every RPC (HTTP/2, HPACK, protobuf) and hand the work to blocking
     ///   threads; an idle worker costs one parked thread (a few KiB
     ///   resident), and fewer workers than cores capped a 16-core node at
-    ///   half its lifecycles/s (issue 26).
+    ///   half its lifecycles/s.
     /// - blocking threads: [`BLOCKING_PER_CORE`] per core, at least
     ///   [`MIN_BLOCKING`].
     /// - malloc arenas: one per [`CORES_PER_ARENA`] cores, at least one.
     ///   glibc's own default is 8 per core, so that every blocking thread
     ///   ends up with a heap of its own that keeps freed memory around; one
     ///   arena for all makes threads on different cores queue on its lock
-    ///   whenever their thread cache misses (issue 26: a third of a 16-core
+    ///   whenever their thread cache misses (measured: a third of a 16-core
     ///   node's lifecycles/s at C=64). Each arena keeps its own free memory:
     ///   on 2 cores a second arena measured 2-3 MiB more RSS while 10,000
     ///   volumes were created, listed and deleted, so 2 cores keep one and

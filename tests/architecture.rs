@@ -1,7 +1,8 @@
 //! ARCHITECTURE.md's layering invariants, checked over the source text so
 //! they stay true: no import cycle between the crate's top-level modules, and
-//! each dependency that belongs to one layer stays there. Test code (a file's
-//! `#[cfg(test)]` part, `tests.rs` files) and comments are not checked.
+//! each dependency that belongs to one layer stays there, and the dependency
+//! table in ARCHITECTURE.md is the code's. Test code (a file's `#[cfg(test)]`
+//! part, `tests.rs` and `*_tests.rs` files) and comments are not checked.
 //!
 //! `cargo test --test architecture -- --nocapture` prints the module graph.
 
@@ -37,7 +38,8 @@ fn sources() -> Vec<Source> {
     let mut out = Vec::new();
     for f in files {
         let rel = f.strip_prefix(&src).unwrap().to_string_lossy().into_owned();
-        if rel == "lib.rs" || f.file_name().is_some_and(|n| n == "tests.rs") {
+        let name = f.file_name().unwrap().to_string_lossy();
+        if rel == "lib.rs" || name == "tests.rs" || name.ends_with("_tests.rs") {
             continue;
         }
         let first = rel.split('/').next().unwrap();
@@ -275,4 +277,101 @@ fn errors_below_the_services_name_failures_not_codes() {
         found.is_empty(),
         "gRPC code names below the services: {found:?}"
     );
+}
+
+/// ARCHITECTURE.md's "Module dependencies" block as a graph: `a -> b, c`
+/// entries (several may share a line, a list may go on over indented
+/// lines) and one `(no dependencies: ...)` list.
+fn documented_graph(doc: &str) -> BTreeMap<String, BTreeSet<String>> {
+    let from = doc
+        .find("Module dependencies")
+        .expect("ARCHITECTURE.md has a \"Module dependencies\" section");
+    let block = &doc[from..];
+    let open = block.find("```\n").expect("the section has a code block") + 4;
+    let block = &block[open..];
+    let block = &block[..block.find("```").expect("the code block ends")];
+    let mut g: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
+    let (table, leaves) = match block.find("(no dependencies:") {
+        Some(i) => {
+            let rest = &block[i + "(no dependencies:".len()..];
+            let end = rest
+                .find(')')
+                .expect("the no-dependencies list ends with ')'");
+            (&block[..i], &rest[..end])
+        }
+        None => (block, ""),
+    };
+    for m in leaves.split(',').map(str::trim).filter(|m| !m.is_empty()) {
+        g.entry(m.to_owned()).or_default();
+    }
+    let tokens: Vec<&str> = table.split_whitespace().collect();
+    let mut current: Option<String> = None;
+    let mut i = 0;
+    while i < tokens.len() {
+        if tokens.get(i + 1) == Some(&"->") {
+            current = Some(tokens[i].to_owned());
+            g.entry(tokens[i].to_owned()).or_default();
+            i += 2;
+            continue;
+        }
+        let m = current
+            .as_ref()
+            .unwrap_or_else(|| panic!("{:?} before any `module ->`", tokens[i]));
+        g.get_mut(m)
+            .unwrap()
+            .insert(tokens[i].trim_end_matches(',').to_owned());
+        i += 1;
+    }
+    g
+}
+
+#[test]
+fn the_documented_table_reads_both_layouts() {
+    let doc = "Module dependencies\n\n```\na -> b, c      d -> b\ne -> a, b,\n     c\n(no dependencies: b,\nc)\n```\n";
+    let g = documented_graph(doc);
+    let set = |v: &[&str]| v.iter().map(|s| s.to_string()).collect::<BTreeSet<_>>();
+    assert_eq!(g["a"], set(&["b", "c"]));
+    assert_eq!(g["d"], set(&["b"]));
+    assert_eq!(g["e"], set(&["a", "b", "c"]));
+    assert!(g["b"].is_empty() && g["c"].is_empty());
+    assert_eq!(g.len(), 5);
+}
+
+/// The table in ARCHITECTURE.md is the code's graph: every module, and for
+/// each exactly the modules it uses. On a difference the code's table is
+/// printed, ready to paste.
+#[test]
+fn architecture_md_dependency_table_is_the_code() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let doc = fs::read_to_string(root.join("ARCHITECTURE.md")).unwrap();
+    let documented = documented_graph(&doc);
+    let code = graph(&sources());
+    if documented != code {
+        let mut table = String::new();
+        let mut leaves = Vec::new();
+        for (m, deps) in &code {
+            if deps.is_empty() {
+                leaves.push(m.as_str());
+            } else {
+                let deps: Vec<&str> = deps.iter().map(String::as_str).collect();
+                table.push_str(&format!("{m} -> {}\n", deps.join(", ")));
+            }
+        }
+        table.push_str(&format!("(no dependencies: {})\n", leaves.join(", ")));
+        let mut diff = Vec::new();
+        for m in documented
+            .keys()
+            .chain(code.keys())
+            .collect::<BTreeSet<_>>()
+        {
+            let (d, c) = (documented.get(m), code.get(m));
+            if d != c {
+                diff.push(format!("  {m}: documented {d:?}, code {c:?}"));
+            }
+        }
+        panic!(
+            "ARCHITECTURE.md's module dependencies differ from the code:\n{}\nthe code's table:\n{table}",
+            diff.join("\n")
+        );
+    }
 }

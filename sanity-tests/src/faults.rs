@@ -1,4 +1,4 @@
-//! The machinery of the fault-injection suites (issue 15), shared by
+//! The machinery of the fault-injection suites, shared by
 //! `tests/fault_injection.rs` (dir pool, on the host) and `tests/vm_faults.rs`
 //! (thick and thin LVM pools, in the VM): C workers run whole volume
 //! lifecycles (CreateVolume → NodeStage → NodePublish → write a file through

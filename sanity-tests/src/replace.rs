@@ -1,4 +1,4 @@
-//! Node replaced vs node lost (issue 14, item 2) against the real binary:
+//! Node replaced vs node lost against the real binary:
 //! a driver restarted on its existing storage, with `orphans: {mode:
 //! reclaim}` and a lost record naming some of its volumes, keeps those and
 //! reclaims only the others. The API server is the tests' fake

@@ -83,10 +83,10 @@ pub struct Config {
     #[serde(default)]
     pub max_volumes_per_node: i64,
     pub pools: Vec<PoolConfig>,
-    /// Static discovery of pre-mounted disks and block devices (issue 5).
+    /// Static discovery of pre-mounted disks and block devices.
     #[serde(default)]
     pub discovery: Option<discovery::DiscoveryConfig>,
-    /// Report (or reclaim) volumes no PV refers to; off when absent (issue 5).
+    /// Report (or reclaim) volumes no PV refers to; off when absent.
     #[serde(default)]
     pub orphans: Option<OrphansConfig>,
 }

@@ -1,4 +1,4 @@
-//! `localvol controller`: the cluster-wide node-loss controller (issue 5), a
+//! `localvol controller`: the cluster-wide node-loss controller, a
 //! Deployment with leader election on a coordination Lease.
 //!
 //! When a Node object is deleted and stays gone for the grace period, the PVs

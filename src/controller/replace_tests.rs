@@ -1,4 +1,4 @@
-//! Node replaced vs node lost (issue 14, item 2), end to end against the
+//! Node replaced vs node lost, end to end against the
 //! fake API server: the node-loss controller deletes a lost node's PVs and
 //! writes its lost record; the node's driver (a dir pool in a temp dir)
 //! then comes back, with the same storage or other storage, and its orphan

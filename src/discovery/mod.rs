@@ -1,4 +1,4 @@
-//! Static discovery (issue 5): disks an operator mounts under a discovery
+//! Static discovery: disks an operator mounts under a discovery
 //! directory (or block devices linked there) become volumes with a
 //! deterministic handle, and released ones are cleaned before they are offered
 //! again.

@@ -1,4 +1,5 @@
-//! Node replaced vs node lost (issue 14, item 2).
+//! Node replaced vs node lost: a node whose disks were replaced keeps its
+//! name but not its volumes.
 //!
 //! Every pool has a storage identity ([`StorageId`]: a VG's UUID, a dir
 //! pool's id file), which each volume's PV carries in its volume attributes

@@ -1,5 +1,5 @@
 //! Pools made from raw disks: an LVM pool's `devices:` and a dir pool's
-//! `device:` (issue 14, item 1).
+//! `device:`.
 //!
 //! Before a pool opens, [`prepare_lvm`] / [`prepare_dir`] look at each disk
 //! (resolved device node, `pvs`, sysfs holders and partitions,

@@ -1,7 +1,9 @@
 //! The CSI services. These modules are the only code that sees proto types:
 //! each handler decodes its request into domain types first (bad input becomes
-//! INVALID_ARGUMENT before anything on disk is touched), then calls pools and
-//! node operations, and converts errors to `Status` through `error.rs`.
+//! INVALID_ARGUMENT before anything on disk is touched), then calls the
+//! driver, the pools or the node pipeline (`nodeops::pipeline`) and answers.
+//! Every other code is chosen in `status.rs`, from the layer's error enum or
+//! a [`status::Refusal`] of the service's own.
 
 use std::collections::{BTreeMap, HashMap};
 use std::future::Future;
