@@ -9,7 +9,7 @@ NODE       ?= $(shell hostname)
 BIN        := target/release/localvol
 IMAGE      ?= localvol:dev
 
-.PHONY: run build test fmt-check clippy unit sanity soak upstream-sanity validate-deploy test-vm test-image e2e e2e-build bench bench-vm image clean
+.PHONY: run build test fmt-check clippy unit sanity soak upstream-sanity validate-deploy deploy-base test-vm test-image e2e e2e-build bench bench-vm image clean
 
 build:
 	$(CARGO) build --release --locked --bin localvol
@@ -98,6 +98,11 @@ VM_TEST_TIMEOUT ?= 2400
 # Manifests and the Helm chart, rendered and checked offline (see deploy/README.md).
 validate-deploy:
 	deploy/validate
+
+# Rewrite the kustomize base's rendered files (deploy/kubernetes/base/localvol.yaml
+# and config.yaml) from the Helm chart, then validate as above.
+deploy-base:
+	deploy/validate --write-base
 
 test-vm:
 	vm/setup

@@ -30,16 +30,33 @@ enum LogFormat {
     Json,
 }
 
+/// `init_logging` reads it; said in --help, where deploy/validate looks for the env names.
+const LOG_ENV_HELP: &str = "Environment: RUST_LOG, the log filter (default: info).";
+
 #[derive(Subcommand)]
 enum Command {
     /// Run the CSI driver (Identity, Controller and Node services).
+    #[command(after_help = LOG_ENV_HELP)]
     Serve(ServeArgs),
     /// A CSI client for any driver's socket (probe, create, stage, publish, ...).
     Client(cli::client::ClientArgs),
     /// Benchmark whole volume lifecycles through any CSI driver, or the syscall floor.
     Bench(cli::bench::BenchArgs),
     /// Cluster-wide node-loss controller (a Deployment, leader-elected on a Lease).
+    #[command(after_help = LOG_ENV_HELP)]
     Controller(ControllerArgs),
+    /// Check driver config files with the driver's own rules.
+    #[command(subcommand)]
+    Config(ConfigCommand),
+}
+
+#[derive(Subcommand)]
+enum ConfigCommand {
+    /// Read each FILE as `serve --config FILE` does, before it opens any pool; exit 1 if one is refused.
+    Check {
+        #[arg(required = true)]
+        files: Vec<PathBuf>,
+    },
 }
 
 #[derive(clap::Args)]
@@ -225,6 +242,22 @@ async fn run(cli: Cli) -> ExitCode {
         Command::Client(a) => return cli::client::main(a).await,
         Command::Bench(a) => return cli::bench::main(a).await,
         Command::Controller(a) => controller(a).await,
+        Command::Config(ConfigCommand::Check { files }) => {
+            let mut refused = 0;
+            for f in &files {
+                match localvol::config::check_file(f) {
+                    Ok(summary) => println!("{}: ok, {summary}", f.display()),
+                    Err(e) => {
+                        eprintln!("localvol: {e}");
+                        refused += 1;
+                    }
+                }
+            }
+            match refused {
+                0 => Ok(()),
+                n => Err(format!("{n} of {} config files refused", files.len())),
+            }
+        }
     };
     match res {
         Ok(()) => ExitCode::SUCCESS,

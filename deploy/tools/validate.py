@@ -4,7 +4,11 @@
 Input: the rendered kustomize builds and Helm renders that deploy/validate
 wrote to --renders (one multi-document YAML file per render, named
 kustomize-*.yaml or helm-*.yaml), the raw manifests under deploy/kubernetes,
-and the localvol binary (for `localvol serve --help`).
+and the localvol binary: `localvol serve --help` and `controller --help` for
+the flags, `localvol config check` for every driver config (the config rules
+live in src/config/ only; this script has none of its own).
+
+Its own tests: deploy/tools/test_validate.py.
 
 Every check prints PASS or FAIL; the last line is "N passed, N failed" and the
 exit status is 1 when anything failed.
@@ -18,6 +22,7 @@ import os
 import re
 import subprocess
 import sys
+import tempfile
 
 import jsonschema
 import kubernetes_validate
@@ -255,7 +260,8 @@ API_VERBS = {
 def rust_code(path):
     """A Rust file without its test module and `//` comments (as
     tests/architecture.rs reads sources)."""
-    lines = open(path).read().splitlines()
+    with open(path) as f:
+        lines = f.read().splitlines()
     end = next((i for i in range(len(lines)) if lines[i].strip() == "#[cfg(test)]"
                 and i + 1 < len(lines) and "mod " in lines[i + 1]
                 and lines[i + 1].rstrip().endswith("{")), len(lines))
@@ -361,8 +367,6 @@ SC_PARAMS = re.compile(r"^(pool|inodeLimit|encryption|csi\.storage\.k8s\.io/.+)$
 # The node-stage secret field holding an encrypted volume's key (src/crypt.rs).
 KEY_FIELD = "encryptionKey"
 VSC_PARAMS = re.compile(r"^(snapshotSize|csi\.storage\.k8s\.io/.+)$")
-POOL_NAME = re.compile(r"^[a-z0-9-]{1,32}$")
-LVM_NAME = re.compile(r"^[A-Za-z0-9+_.][A-Za-z0-9+_.-]{0,126}$")
 LVM_HOST_PATHS = ["/dev", "/etc/lvm", "/run/lvm", "/run/lock/lvm", "/run/udev"]
 
 
@@ -405,46 +409,6 @@ def parse_flag(arg):
     return m.group(1), m.group(2)
 
 
-def parse_size(s):
-    """src/size.rs parse_size, for config values."""
-    if isinstance(s, int) and not isinstance(s, bool):
-        return s if s >= 0 else None
-    if not isinstance(s, str):
-        return None
-    t = s.strip()
-    if t.endswith("B"):
-        t = t[:-1]
-    m = re.match(r"^(\d*(?:\.\d*)?)(k|K|M|G|T|P|Ki|Mi|Gi|Ti|Pi)?$", t)
-    if not m or m.group(1) in ("", "."):
-        return None
-    mult = {None: 1, "k": 10**3, "K": 10**3, "M": 10**6, "G": 10**9, "T": 10**12,
-            "P": 10**15, "Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40,
-            "Pi": 2**50}[m.group(2)]
-    return int(float(m.group(1)) * mult)
-
-
-def camel(snake):
-    head, *rest = snake.split("_")
-    return head + "".join(w.capitalize() for w in rest)
-
-
-def config_fields():
-    """Field names of the driver's config structs, read from src/config/
-    (serde rename_all = camelCase, deny_unknown_fields)."""
-    out = {}
-    for file, structs in (("config/mod.rs", ("Config", "DirPoolConfig", "LvmPoolConfig",
-                                             "OrphansConfig")),
-                          ("config/discovery.rs", ("DiscoveryConfig", "DiscoveryClass",
-                                                   "CleanupConfig"))):
-        src = open(os.path.join(REPO, "src", file)).read()
-        for struct in structs:
-            m = re.search(r"pub struct %s \{(.*?)\n\}" % struct, src, re.S)
-            if not m:
-                raise SystemExit(f"validate.py: struct {struct} not found in src/{file}")
-            out[struct] = {camel(f) for f in re.findall(r"^\s*pub (\w+):", m.group(1), re.M)}
-    return out
-
-
 def serve_help(binary, sub="serve"):
     """Flags, env names and possible values of `localvol <sub> --help`."""
     text = subprocess.run([binary, sub, "--help"], check=True,
@@ -465,6 +429,12 @@ def serve_help(binary, sub="serve"):
         if pv:
             values[flag] = {v.strip() for v in pv.group(1).split(",")}
     return text, flags, envs, values
+
+
+def log_env(help_text):
+    """RUST_LOG when the --help text says the command reads it (the log
+    filter: tracing's EnvFilter, not a clap argument, so no [env: ...])."""
+    return {"RUST_LOG"} if re.search(r"\bRUST_LOG\b", help_text) else set()
 
 
 def image_parts(image):
@@ -513,105 +483,49 @@ def container_mounts(pod, container):
     return [(m, vols.get(m["name"])) for m in container.get("volumeMounts", [])]
 
 
-def check_driver_config(render, cfg, fields, pod, localvol):
+def config_check(binary, render, text):
+    """`localvol config check` on a config the render ships: the driver's own
+    parsing and validation (src/config/), the same `localvol serve --config`
+    applies at start. Returns whether it passed."""
+    with tempfile.NamedTemporaryFile("w", suffix=".yaml", prefix=f"{render}-") as f:
+        f.write(text)
+        f.flush()
+        r = subprocess.run([binary, "config", "check", f.name], capture_output=True, text=True)
+    out = (r.stdout.strip() or r.stderr.strip()).replace(f.name, "config.yaml")
+    return R.check(r.returncode == 0, f"{render}: `localvol config check` accepts its config.yaml"
+                   + (f" ({out.split(': ok, ', 1)[-1]})" if r.returncode == 0 else ""), out)
+
+
+def check_pool_mounts(render, cfg, pod, localvol):
+    """What the pods must mount for the pools of a config the driver accepted:
+    each dir pool's path (a hostPath at the same path; a pool with a device:
+    Bidirectional, and the host's /dev), and for LVM pools hostIPC and lvm's
+    host paths. Returns the pools by name."""
+    pools = [p for p in cfg.get("pools") or [] if isinstance(p, dict)]
     problems = []
-    if not isinstance(cfg, dict):
-        R.check(False, f"{render}: config.yaml is a mapping", repr(cfg)[:80])
-        return None
-    extra = set(cfg) - fields["Config"]
-    if extra:
-        problems.append(f"unknown top-level keys {sorted(extra)}")
-    pools = cfg.get("pools") or []
-    if not pools:
-        problems.append("no pools")
-    names = [p.get("name") for p in pools]
-    if len(set(names)) != len(names):
-        problems.append(f"duplicate pool names {names}")
-    if cfg.get("defaultPool") is not None and cfg["defaultPool"] not in names:
-        problems.append(f"defaultPool {cfg['defaultPool']!r} is not a pool")
-    mvpn = cfg.get("maxVolumesPerNode", 0)
-    if not isinstance(mvpn, int) or mvpn < 0:
-        problems.append("maxVolumesPerNode must be an integer >= 0")
     mounts = container_mounts(pod, localvol) if localvol else []
     for p in pools:
-        n = p.get("name")
-        if not isinstance(n, str) or not POOL_NAME.match(n):
-            problems.append(f"pool name {n!r} is not 1-32 of a-z, 0-9, '-'")
-        t = p.get("type")
-        if t == "dir":
-            allowed = fields["DirPoolConfig"] | {"type"}
-            path = p.get("path")
-            if not isinstance(path, str) or not path.startswith("/"):
-                problems.append(f"pool {n}: path must be absolute")
-            elif localvol:
-                covering = [(m, v) for m, v in mounts
-                            if path == m["mountPath"] or path.startswith(m["mountPath"].rstrip("/") + "/")]
-                host = [(m, v) for m, v in covering if v and "hostPath" in v
-                        and v["hostPath"]["path"].rstrip("/") == m["mountPath"].rstrip("/")]
-                if not host:
-                    problems.append(f"pool {n}: {path} is not below a hostPath mounted at the same path")
-            dev = p.get("device")
-            if dev is not None:
-                if not (isinstance(dev, str) and dev.startswith("/dev/")) or any(c in dev for c in "*?["):
-                    problems.append(f"pool {n}: device {dev!r} must be one path below /dev")
-                elif localvol:
-                    # The driver mounts the disk at path: that mount must reach
-                    # the host (and outlive the container), and /dev be the host's.
-                    own = [m for m, v in mounts if m["mountPath"].rstrip("/") == str(path).rstrip("/")
-                           and v and "hostPath" in v]
-                    if not own or own[0].get("mountPropagation") != "Bidirectional":
-                        problems.append(f"pool {n}: a pool with a device needs its path as a "
-                                        "hostPath mounted with mountPropagation: Bidirectional")
-                    if not any(m["mountPath"] == "/dev" for m, v in mounts):
-                        problems.append(f"pool {n}: a pool with a device needs the host's /dev")
-            q = p.get("quota", "auto")
-            if q not in ("required", "auto", "off"):
-                problems.append(f"pool {n}: quota {q!r} is not required, auto or off")
-            for k in ("reserve", "capacity", "defaultSize"):
-                if k in p and parse_size(p[k]) is None:
-                    problems.append(f"pool {n}: {k} {p[k]!r} is not a size")
-        elif t == "lvm":
-            allowed = fields["LvmPoolConfig"] | {"type"}
-            vg = p.get("volumeGroup")
-            if not isinstance(vg, str) or not LVM_NAME.match(vg):
-                problems.append(f"pool {n}: volumeGroup {vg!r} is not an LVM name")
-            thin = p.get("thinPool")
-            # thinPool: a name, or {name, size} (size only with devices).
-            if isinstance(thin, dict):
-                extra_thin = set(thin) - {"name", "size"}
-                if extra_thin:
-                    problems.append(f"pool {n}: thinPool has unknown keys {sorted(extra_thin)}")
-                if "size" in thin and not p.get("devices"):
-                    problems.append(f"pool {n}: thinPool size needs devices")
-                thin_name = thin.get("name")
-            else:
-                thin_name = thin
-            if thin is not None and not (isinstance(thin_name, str) and LVM_NAME.match(thin_name)):
-                problems.append(f"pool {n}: thinPool {thin!r} is not an LVM name")
-            devices = p.get("devices", [])
-            if not isinstance(devices, list) or not all(
-                    isinstance(d, str) and d.startswith("/dev/") for d in devices):
-                problems.append(f"pool {n}: devices must be a list of paths below /dev")
-            if thin is None and "overprovisionRatio" in p:
-                problems.append(f"pool {n}: overprovisionRatio needs a thinPool")
-            if thin is not None and p.get("lvcreateOptions"):
-                problems.append(f"pool {n}: lvcreateOptions apply to thick pools only")
-            for k in ("overprovisionRatio", "capacityOverhead"):
-                if k in p and not (isinstance(p[k], (int, float)) and p[k] >= 1):
-                    problems.append(f"pool {n}: {k} must be a number >= 1")
-            if p.get("defaultFsType", "ext4") not in ("ext4", "xfs"):
-                problems.append(f"pool {n}: defaultFsType must be ext4 or xfs")
-            for k in ("reserve", "defaultSize"):
-                if k in p and parse_size(p[k]) is None:
-                    problems.append(f"pool {n}: {k} {p[k]!r} is not a size")
-        else:
-            problems.append(f"pool {n}: type {t!r} is not dir or lvm")
+        n, path = p.get("name"), str(p.get("path", ""))
+        if p.get("type") != "dir" or not localvol:
             continue
-        extra = set(p) - allowed
-        if extra:
-            problems.append(f"pool {n}: unknown keys {sorted(extra)} (src/config/mod.rs)")
-    R.check(not problems, f"{render}: driver config.yaml matches src/config/mod.rs "
-            f"({len(pools)} pools: {', '.join(str(x) for x in names)})", "; ".join(problems))
+        covering = [(m, v) for m, v in mounts
+                    if path == m["mountPath"] or path.startswith(m["mountPath"].rstrip("/") + "/")]
+        host = [(m, v) for m, v in covering if v and "hostPath" in v
+                and v["hostPath"]["path"].rstrip("/") == m["mountPath"].rstrip("/")]
+        if not host:
+            problems.append(f"pool {n}: {path} is not below a hostPath mounted at the same path")
+        if p.get("device") is not None:
+            # The driver mounts the disk at path: that mount must reach the
+            # host (and outlive the container), and /dev be the host's.
+            own = [m for m, v in mounts if m["mountPath"].rstrip("/") == path.rstrip("/")
+                   and v and "hostPath" in v]
+            if not own or own[0].get("mountPropagation") != "Bidirectional":
+                problems.append(f"pool {n}: a pool with a device needs its path as a "
+                                "hostPath mounted with mountPropagation: Bidirectional")
+            if not any(m["mountPath"] == "/dev" for m, v in mounts):
+                problems.append(f"pool {n}: a pool with a device needs the host's /dev")
+    R.check(not problems, f"{render}: the pods mount what the pools use "
+            f"({len(pools)} pools: {', '.join(str(p.get('name')) for p in pools)})", "; ".join(problems))
     if localvol and any(p.get("type") == "lvm" for p in pools):
         have = {m["mountPath"]: v for m, v in mounts}
         miss = [h for h in LVM_HOST_PATHS
@@ -622,40 +536,20 @@ def check_driver_config(render, cfg, fields, pod, localvol):
     return {p.get("name"): p for p in pools}
 
 
-CLEANUP_METHODS = {"delete-contents", "blkdiscard", "zero", "shred", "command"}
-
-
-def check_discovery(render, cfg, fields, pod, localvol):
-    """`discovery:` and `orphans:` of the driver config, and the hostDir mounts.
-    Returns the discovery StorageClass names."""
-    if not isinstance(cfg, dict):
-        return set()
+def check_discovery(render, cfg, pod, localvol):
+    """The mounts `discovery:` of a config the driver accepted needs: its
+    stateDir and each class's hostDir at the same path (with propagation), the
+    host's /dev for Block classes, never the host's root. Returns the
+    discovery StorageClass names."""
     mounts = container_mounts(pod, localvol) if localvol else []
     host_root = [m["mountPath"] for m, v in mounts
                  if v and "hostPath" in v and v["hostPath"].get("path", "").rstrip("/") == ""]
     R.check(not host_root, f"{render}: the host's root is not mounted into localvol "
             "(a second view of the disks makes cleanup refuse)", f"mounted at {host_root}")
-    o = cfg.get("orphans")
-    if o is not None:
-        bad = []
-        if not isinstance(o, dict):
-            bad.append("not a mapping")
-        else:
-            bad += [f"unknown key {k}" for k in set(o) - fields["OrphansConfig"]]
-            if o.get("mode", "report") not in ("report", "reclaim"):
-                bad.append(f"mode {o.get('mode')!r}")
-            g = o.get("graceSeconds", 3600)
-            if not isinstance(g, int) or isinstance(g, bool) or g < 0:
-                bad.append(f"graceSeconds {g!r}")
-        R.check(not bad, f"{render}: orphans config matches src/config/mod.rs", "; ".join(bad))
     d = cfg.get("discovery")
-    if d is None:
+    if not isinstance(d, dict):
         return set()
     problems = []
-    if not isinstance(d, dict):
-        R.check(False, f"{render}: discovery config is a mapping")
-        return set()
-    problems += [f"unknown key {k}" for k in set(d) - fields["DiscoveryConfig"]]
 
     def host_mount(path, props):
         """The hostPath mount covering path at the same path, with one of props."""
@@ -668,41 +562,17 @@ def check_discovery(render, cfg, fields, pod, localvol):
     state = d.get("stateDir", "/var/lib/localvol/state")
     if localvol and not host_mount(state, {"HostToContainer", "Bidirectional", None}):
         problems.append(f"stateDir {state} is not below a hostPath mounted at the same path")
-    classes = d.get("classes") or []
-    if not classes:
-        problems.append("no classes")
-    names = set()
-    for i, c in enumerate(classes):
-        if not isinstance(c, dict):
-            problems.append(f"class {i}: not a mapping")
-            continue
-        tag = f"class {c.get('storageClass', i)}"
-        problems += [f"{tag}: unknown key {k} (src/config/discovery.rs)"
-                     for k in set(c) - fields["DiscoveryClass"]]
-        for k in ("storageClass", "hostDir", "volumeMode", "cleanup"):
-            if k not in c:
-                problems.append(f"{tag}: {k} missing")
-        names.add(c.get("storageClass"))
-        if c.get("volumeMode") not in ("Filesystem", "Block"):
-            problems.append(f"{tag}: volumeMode {c.get('volumeMode')!r}")
-        cl = c.get("cleanup") or {}
-        problems += [f"{tag}: cleanup key {k}" for k in set(cl) - fields["CleanupConfig"]]
-        if cl.get("method") not in CLEANUP_METHODS:
-            problems.append(f"{tag}: cleanup.method {cl.get('method')!r}")
-        if (cl.get("method") == "command") != bool(cl.get("command")):
-            problems.append(f"{tag}: cleanup.command goes with method command only")
-        hd = c.get("hostDir")
-        if not isinstance(hd, str) or not hd.startswith("/") or hd.rstrip("/") == "":
-            problems.append(f"{tag}: hostDir {hd!r} must be absolute and not /")
-        elif localvol:
+    classes = [c for c in d.get("classes") or [] if isinstance(c, dict)]
+    names = {c.get("storageClass") for c in classes}
+    for c in classes:
+        tag, hd = f"class {c.get('storageClass')}", str(c.get("hostDir"))
+        if localvol:
             ok = host_mount(hd, {"HostToContainer", "Bidirectional"})
             if ok is None:
                 problems.append(f"{tag}: hostDir {hd} is not below a hostPath mounted at the same path")
             elif not ok:
                 problems.append(f"{tag}: hostDir {hd} mounted without HostToContainer/Bidirectional propagation")
-    if len(names) != len(classes):
-        problems.append("duplicate storageClass names")
-    R.check(not problems, f"{render}: discovery config matches src/config/discovery.rs and its "
+    R.check(not problems, f"{render}: discovery's stateDir and "
             f"hostDirs are mounted at the same path with propagation ({len(classes)} classes)",
             "; ".join(problems))
     block = sorted(str(c.get("storageClass")) for c in classes
@@ -749,8 +619,7 @@ def check_controller(render, docs, chelp):
             f"{render}: every controller flag is accepted by `localvol controller --help`",
             f"malformed {malformed}, not accepted {unknown}, bad values {badval}")
     env = {e["name"]: e.get("valueFrom", {}).get("fieldRef", {}).get("fieldPath") for e in c.get("env", [])}
-    main_rs = open(os.path.join(REPO, "src", "main.rs")).read()
-    accepted = set(envs) | ({"RUST_LOG"} if "try_from_default_env" in main_rs else set())
+    accepted = set(envs) | log_env(chelp[0])
     R.check(set(env) <= accepted, f"{render}: every controller env name is read ({', '.join(env)})",
             f"not read: {sorted(set(env) - accepted)}")
     refs = set(re.findall(r"\$\((\w+)\)", " ".join(c.get("args", []))))
@@ -803,9 +672,7 @@ def check_localvol(render, ds, docs, help_info):
             "not accepted: " + ", ".join(unknown))
     R.check(not badval, f"{render}: localvol flag values are among the possible values", "; ".join(badval))
     env_names = [e["name"] for e in c.get("env", [])]
-    # RUST_LOG is read by tracing's EnvFilter::try_from_default_env (src/main.rs).
-    main_rs = open(os.path.join(REPO, "src", "main.rs")).read()
-    accepted_env = set(envs) | ({"RUST_LOG"} if "try_from_default_env" in main_rs else set())
+    accepted_env = set(envs) | log_env(help_info[0])
     R.check(set(env_names) <= accepted_env,
             f"{render}: every localvol env name is read by the driver ({', '.join(env_names)})",
             f"not read: {sorted(set(env_names) - accepted_env)}; accepted: {sorted(accepted_env)}")
@@ -842,7 +709,7 @@ def check_localvol(render, ds, docs, help_info):
         key = os.path.basename(cfg_path)
         if R.check(cm is not None and key in cm.get("data", {}),
                    f"{render}: ConfigMap {cm_name} holds {key}"):
-            cfg = yaml.safe_load(cm["data"][key])
+            cfg = cm["data"][key]
     # Metrics address and probes.
     maddr = given.get("metrics-addr")
     if maddr is not None:
@@ -1161,7 +1028,7 @@ def check_classes(render, docs, pools, sidecars, shipped, static_classes=frozens
                 f"driver {v.get('driver')}, unknown parameters {bad}")
 
 
-def check_render(render, path, help_info, fields, shipped, chelp=None):
+def check_render(render, path, help_info, shipped, chelp, binary):
     R.section(render)
     docs = load_docs(path)
     check_schemas(render, docs)
@@ -1169,9 +1036,11 @@ def check_render(render, path, help_info, fields, shipped, chelp=None):
     if not R.check(len(dss) == 1, f"{render}: one DaemonSet"):
         return docs
     ds = dss[0]
-    localvol, cfg, socket_vol = check_localvol(render, ds, docs, help_info)
-    pools = check_driver_config(render, cfg, fields, ds["spec"]["template"]["spec"], localvol) \
-        if cfg is not None else None
+    localvol, cfg_text, socket_vol = check_localvol(render, ds, docs, help_info)
+    cfg, pools = None, None
+    if cfg_text is not None and config_check(binary, render, cfg_text):
+        cfg = yaml.safe_load(cfg_text)
+        pools = check_pool_mounts(render, cfg, ds["spec"]["template"]["spec"], localvol)
     kdir = "/var/lib/kubelet"
     if localvol:
         for a in localvol.get("args", []):
@@ -1179,7 +1048,7 @@ def check_render(render, path, help_info, fields, shipped, chelp=None):
                 kdir = a.split("=", 1)[1].rstrip("/")
     sidecars = check_sidecars(render, ds, localvol, socket_vol, kdir)
     pod = ds["spec"]["template"]["spec"]
-    static = check_discovery(render, cfg, fields, pod, localvol) if localvol else set()
+    static = check_discovery(render, cfg, pod, localvol) if localvol and cfg else set()
     classes = ((cfg.get("discovery") or {}).get("classes") or []) if isinstance(cfg, dict) else []
     if any(isinstance(c, dict) and c.get("volumeMode") == "Block" for c in classes) \
             and not any(p.get("type") == "lvm" for p in (pools or {}).values()):
@@ -1257,7 +1126,7 @@ def check_parity(kname, kdocs, hname, hdocs):
 # ---------------------------------------------------------------------------
 # The files themselves.
 
-def check_sources(fields):
+def check_sources(binary):
     R.section("deploy/kubernetes sources")
     kroot = os.path.join(REPO, "deploy", "kubernetes")
     for kfile in sorted(glob.glob(os.path.join(kroot, "**", "kustomization.yaml"), recursive=True)):
@@ -1290,23 +1159,62 @@ def check_sources(fields):
                     except (kubernetes_validate.ValidationError, kubernetes_validate.SchemaNotFoundError) as e:
                         bad.append(f"{doc.get('kind')} (k8s {v}): {getattr(e, 'message', e)}")
             R.check(not bad, f"{rel}/{f} alone is valid", "; ".join(bad[:5]))
-    # Chart values schema vs the driver's config fields.
-    schema = json.load(open(os.path.join(REPO, "deploy", "helm", "localvol", "values.schema.json")))
-    dirp = set(schema["definitions"]["dirPool"]["properties"]) - {"hostPathType"}
-    lvmp = set(schema["definitions"]["lvmPool"]["properties"])
-    R.check(dirp == fields["DirPoolConfig"] | {"type"} and lvmp == fields["LvmPoolConfig"] | {"type"},
-            "chart values.schema.json pool keys are src/config/mod.rs's",
-            f"dir {sorted(dirp ^ (fields['DirPoolConfig'] | {'type'}))}, "
-            f"lvm {sorted(lvmp ^ (fields['LvmPoolConfig'] | {'type'}))}")
-    # Versions: the image the manifests deploy is this crate's.
-    cargo = open(os.path.join(REPO, "Cargo.toml")).read()
-    version = re.search(r'^version\s*=\s*"([^"]+)"', cargo, re.M).group(1)
+    # The chart's pool keys are the driver's: src/config/mod.rs's test
+    # chart_pool_keys_are_the_configs reads values.schema.json.
+    check_name_patterns(binary, json.load(open(os.path.join(REPO, "deploy", "helm", "localvol",
+                                                            "values.schema.json"))))
+    # Versions: the image the manifests deploy is this binary's (`--version`).
+    out = subprocess.run([binary, "--version"], check=True, capture_output=True, text=True).stdout
+    version = out.split()[-1]
     chart = yaml.safe_load(open(os.path.join(REPO, "deploy", "helm", "localvol", "Chart.yaml")))
     base = yaml.safe_load(open(os.path.join(kroot, "base", "kustomization.yaml")))
     tags = [i.get("newTag") for i in base.get("images", []) if i.get("name") == "localvol"]
     R.check(chart.get("appVersion") == version and tags == [version],
             f"chart appVersion and the kustomize image tag are the crate version {version}",
             f"appVersion {chart.get('appVersion')}, kustomize {tags}")
+
+
+# Names on both sides of the driver's rules (src/ids.rs PoolName,
+# src/config/mod.rs is_lvm_name): the chart's schema patterns must agree with
+# `localvol config check` on each.
+NAME_SAMPLES = ["a", "0", "default", "lvm-thin", "a-b-c", "-a", "a-", "-", "A", "a_b", "a.b",
+                "a b", "", ".", "..", "...", ".a", "..a", "+x", "_x", "x+y.z_w-v", "-x",
+                "é", "x" * 32, "x" * 33, "x" * 127, "x" * 128]
+
+
+def config_check_many(binary, configs):
+    """`localvol config check` of each config (a dict): which it accepted."""
+    with tempfile.TemporaryDirectory() as d:
+        paths = []
+        for i, c in enumerate(configs):
+            paths.append(os.path.join(d, f"{i}.yaml"))
+            with open(paths[-1], "w") as f:
+                json.dump(c, f)   # JSON is YAML: no quoting to get wrong
+        r = subprocess.run([binary, "config", "check", *paths], capture_output=True, text=True)
+    if r.returncode not in (0, 1):   # 2: clap's usage error, e.g. a binary without the subcommand
+        raise SystemExit(f"validate.py: {binary} config check: exit {r.returncode}: {r.stderr.strip()}")
+    ok = {line.split(": ok, ")[0] for line in r.stdout.splitlines() if ": ok, " in line}
+    return [p in ok for p in paths]
+
+
+def check_name_patterns(binary, schema):
+    """The chart's values schema refuses names at `helm install` that the
+    driver would refuse on the nodes, and only those: its poolName and
+    lvmName patterns against `localvol config check` on NAME_SAMPLES."""
+    for what, pattern, config in (
+            ("poolName", schema["definitions"]["poolName"]["pattern"],
+             lambda n: {"pools": [{"name": n, "type": "dir", "path": "/p"}]}),
+            ("lvmName (volumeGroup)", schema["definitions"]["lvmName"]["pattern"],
+             lambda n: {"pools": [{"name": "a", "type": "lvm", "volumeGroup": n}]}),
+            ("lvmName (thinPool)", schema["definitions"]["lvmName"]["pattern"],
+             lambda n: {"pools": [{"name": "a", "type": "lvm", "volumeGroup": "vg", "thinPool": n}]})):
+        driver = config_check_many(binary, [config(n) for n in NAME_SAMPLES])
+        chart = [re.search(pattern, n) is not None for n in NAME_SAMPLES]
+        differ = [f"{n!r}: chart {'accepts' if c else 'refuses'}, driver {'accepts' if d else 'refuses'}"
+                  for n, c, d in zip(NAME_SAMPLES, chart, driver) if c != d]
+        R.check(not differ and any(driver) and not all(driver),
+                f"chart values.schema.json {what} pattern agrees with `localvol config check` "
+                f"on {len(NAME_SAMPLES)} names", "; ".join(differ))
 
 
 def cargo_words(cmd):
@@ -1365,7 +1273,6 @@ def main():
     a = ap.parse_args()
 
     help_info = serve_help(a.bin)
-    fields = config_fields()
     print(f"localvol serve flags: {', '.join('--' + f for f in sorted(help_info[1]))}")
     print(f"localvol serve env:   {', '.join(sorted(help_info[2]))}")
     chelp = serve_help(a.bin, "controller")
@@ -1373,11 +1280,11 @@ def main():
     print(f"localvol controller env:   {', '.join(sorted(chelp[2]))}")
     if a.dockerfile:
         check_dockerfile(a.dockerfile, a.makefile)
-    check_sources(fields)
+    check_sources(a.bin)
     docs = {}
     for path in sorted(glob.glob(os.path.join(a.renders, "*.yaml"))):
         name = os.path.basename(path)[:-len(".yaml")]
-        docs[name] = check_render(name, path, help_info, fields, name not in a.custom, chelp)
+        docs[name] = check_render(name, path, help_info, name not in a.custom, chelp, a.bin)
     for pair in a.parity:
         kname, hname = pair.split("=")
         check_parity(kname, docs[kname], hname, docs[hname])

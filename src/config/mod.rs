@@ -534,11 +534,46 @@ impl Config {
         Ok(())
     }
 
+    /// One line naming what the config sets up, for `localvol config check`.
+    pub fn summary(&self) -> String {
+        let pools: Vec<String> = self
+            .pools
+            .iter()
+            .map(|p| match p {
+                PoolConfig::Dir(_) => format!("{} (dir)", p.name()),
+                PoolConfig::Lvm(l) if l.thin_pool.is_some() => format!("{} (lvm thin)", p.name()),
+                PoolConfig::Lvm(_) => format!("{} (lvm)", p.name()),
+            })
+            .collect();
+        let mut out = format!(
+            "{} pool{}: {}; default pool {}",
+            pools.len(),
+            if pools.len() == 1 { "" } else { "s" },
+            pools.join(", "),
+            self.default_pool()
+        );
+        if let Some(d) = &self.discovery {
+            out += &format!("; discovery: {} class(es)", d.classes.len());
+        }
+        if let Some(o) = &self.orphans {
+            out += &format!("; orphans: {:?}", o.mode).to_lowercase();
+        }
+        out
+    }
+
     pub fn default_pool(&self) -> &PoolName {
         self.default_pool
             .as_ref()
             .unwrap_or_else(|| self.pools[0].name())
     }
+}
+
+/// `localvol config check FILE`: reads and validates FILE exactly as
+/// `localvol serve --config FILE` does before it opens any pool (the same
+/// `Config::load`), and answers its summary. Nothing on the node is looked
+/// at: whether the paths, volume groups and disks exist is the node's business.
+pub fn check_file(path: &Path) -> Result<String> {
+    Config::load(path).map(|c| c.summary())
 }
 
 #[cfg(test)]
@@ -729,6 +764,93 @@ mod tests {
         ] {
             let err = Config::from_yaml(yaml).unwrap_err().to_string();
             assert!(err.contains(want), "{yaml}: {err}");
+        }
+    }
+
+    #[test]
+    fn check_file_is_what_serve_reads() {
+        let dir = tempfile::tempdir().unwrap();
+        let good = dir.path().join("good.yaml");
+        std::fs::write(
+            &good,
+            "pools:\n- {name: a, type: dir, path: /x/a}\n\
+             - {name: t, type: lvm, volumeGroup: vg, thinPool: tp}\n",
+        )
+        .unwrap();
+        assert_eq!(
+            check_file(&good).unwrap(),
+            "2 pools: a (dir), t (lvm thin); default pool a"
+        );
+        // Names the deploy checks once re-implemented (and got wrong): the
+        // rules live here only.
+        for (yaml, want) in [
+            (
+                "pools: [{name: -a, type: dir, path: /a}]",
+                "invalid pool name",
+            ),
+            (
+                "pools: [{name: a-, type: dir, path: /a}]",
+                "invalid pool name",
+            ),
+            (
+                "pools: [{name: a, type: lvm, volumeGroup: ..}]",
+                "volumeGroup",
+            ),
+            (
+                "pools: [{name: a, type: lvm, volumeGroup: v, thinPool: .}]",
+                "thinPool",
+            ),
+        ] {
+            let bad = dir.path().join("bad.yaml");
+            std::fs::write(&bad, yaml).unwrap();
+            let err = check_file(&bad).unwrap_err().to_string();
+            assert!(err.starts_with(bad.to_str().unwrap()), "{yaml}: {err}");
+            assert!(err.contains(want), "{yaml}: {err}");
+        }
+        let missing = dir.path().join("missing.yaml");
+        assert!(check_file(&missing).is_err());
+    }
+
+    /// The keys serde accepts in a pool of `kind`, from its own refusal of an
+    /// unknown one ("unknown field `x`, expected one of `a`, `b`, ...").
+    fn pool_keys(kind: &str) -> BTreeSet<String> {
+        let err = Config::from_yaml(&format!("pools: [{{type: {kind}, notAKey: 1}}]"))
+            .unwrap_err()
+            .to_string();
+        let (_, list) = err.split_once("expected one of").expect(&err);
+        let list = list.split_once(" at ").map_or(list, |(l, _)| l);
+        list.split('`')
+            .skip(1)
+            .step_by(2)
+            .map(String::from)
+            .chain(["type".to_string()])
+            .collect()
+    }
+
+    /// The chart's values schema (deploy/helm/localvol/values.schema.json)
+    /// lets through the pool keys the driver reads, no other (besides the
+    /// chart-only `hostPathType`): a key the driver adds is one the chart
+    /// must learn, a key it drops fails `helm install` instead of the node.
+    #[test]
+    fn chart_pool_keys_are_the_configs() {
+        let path = concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/deploy/helm/localvol/values.schema.json"
+        );
+        let schema: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
+        for (kind, def, chart_only) in [
+            ("dir", "dirPool", &["hostPathType"][..]),
+            ("lvm", "lvmPool", &[][..]),
+        ] {
+            let chart: BTreeSet<String> = schema["definitions"][def]["properties"]
+                .as_object()
+                .unwrap()
+                .keys()
+                .filter(|k| !chart_only.contains(&k.as_str()))
+                .cloned()
+                .collect();
+            assert_eq!(chart, pool_keys(kind), "{def} in {path}");
         }
     }
 }

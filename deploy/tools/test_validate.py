@@ -1,0 +1,300 @@
+#!/usr/bin/env python3
+"""Unit tests of deploy/tools/validate.py and render_base.py (run by
+deploy/validate with the venv that has their modules; LOCALVOL_BIN, when set,
+is the localvol binary the config tests ask).
+
+    python -m unittest discover -s deploy/tools -p 'test_*.py'
+"""
+
+import contextlib
+import io
+import os
+import stat
+import sys
+import tempfile
+import textwrap
+import unittest
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import render_base  # noqa: E402
+import validate  # noqa: E402
+
+
+def quiet(fn, *args, **kw):
+    """Runs fn with a fresh Report and its PASS/FAIL lines swallowed; returns
+    (its result, the Report)."""
+    validate.R = validate.Report()
+    with contextlib.redirect_stdout(io.StringIO()):
+        out = fn(*args, **kw)
+    return out, validate.R
+
+
+class CodeRbac(unittest.TestCase):
+    """The RBAC of localvol's own roles, derived from its kube API calls."""
+
+    def derive(self, files, roles):
+        with tempfile.TemporaryDirectory() as d:
+            for rel, text in files.items():
+                os.makedirs(os.path.dirname(os.path.join(d, rel)), exist_ok=True)
+                with open(os.path.join(d, rel), "w") as f:
+                    f.write(textwrap.dedent(text))
+            saved = validate.REPO, validate.CODE_ROLES
+            validate.REPO, validate.CODE_ROLES = d, roles
+            try:
+                return validate.code_rbac()
+            finally:
+                validate.REPO, validate.CODE_ROLES = saved
+
+    def test_calls_become_verbs(self):
+        rbac, unknown = self.derive({"src/a.rs": """
+            fn f(client: Client) {
+                let pvs: Api<PersistentVolume> = Api::all(client.clone());
+                pvs.list(&lp).await?;
+                pvs
+                    .patch(name, &pp, &patch)
+                    .await?;
+                // pvs.delete(name) in a comment is no call
+                Api::<Node>::all(client.clone()).get_opt(name).await?;
+                let s = watcher(Api::<StorageClass>::all(client), cfg);
+                let r = Recorder::new(client, reporter);
+            }
+            #[cfg(test)]
+            mod tests {
+                fn g(pvs: Api<PersistentVolume>) { pvs.delete_collection(); }
+            }
+            """}, {"discovery": ["src/a.rs"]})
+        self.assertEqual(unknown, [])
+        self.assertEqual(rbac[("ClusterRole", "discovery")], {
+            ("", "persistentvolumes"): {"list", "patch"},
+            ("", "nodes"): {"get"},
+            ("storage.k8s.io", "storageclasses"): {"list", "watch"},
+            ("events.k8s.io", "events"): {"create", "patch"},
+        })
+
+    def test_namespaced_types_go_to_a_role(self):
+        rbac, unknown = self.derive({"src/c/lease.rs": """
+            fn f(leases: &Api<Lease>) { leases.replace(n, &pp, &l); leases.create(&pp, &l); }
+            fn g(nodes: Api<Node>) { nodes.list(&lp); }
+            """}, {"controller": ["src/c"]})
+        self.assertEqual(unknown, [])
+        self.assertEqual(rbac[("Role", "controller")],
+                         {("coordination.k8s.io", "leases"): {"update", "create"}})
+        self.assertEqual(rbac[("ClusterRole", "controller")], {("", "nodes"): {"list"}})
+
+    def test_what_it_cannot_read_fails(self):
+        _, unknown = self.derive({"src/a.rs": """
+            fn f(pods: Api<Pod>, pvs: Api<PersistentVolume>) { pods.get(n); pvs.evict(n); }
+            """, "src/b.rs": "fn nothing() {}\n"}, {"discovery": ["src/a.rs"], "storage": ["src/b.rs"]})
+        self.assertTrue(any("Api<Pod>" in u and "KUBE_TYPES" in u for u in unknown), unknown)
+        self.assertTrue(any("pvs.evict(" in u and "API_VERBS" in u for u in unknown), unknown)
+        self.assertTrue(any("no API call found for role storage" in u for u in unknown), unknown)
+
+    def test_the_repository_derives_cleanly(self):
+        self.assertEqual(validate.CODE_RBAC_UNKNOWN, [])
+        for role in validate.CODE_ROLES:
+            self.assertIn(("ClusterRole", role), validate.CODE_RBAC)
+
+
+class SidecarRbac(unittest.TestCase):
+    def test_not_granted_is_taken_off_upstream(self):
+        rbac = validate.sidecar_rbac()
+        self.assertNotIn(("Role", "snapshotter"), rbac)          # leases only, all dropped
+        self.assertNotIn(("storage.k8s.io", "volumeattachments"), rbac[("ClusterRole", "provisioner")])
+        self.assertEqual(rbac[("Role", "provisioner")],
+                         {("storage.k8s.io", "csistoragecapacities"):
+                          {"get", "list", "watch", "create", "update", "patch", "delete"},
+                          ("", "pods"): {"get"}})
+        self.assertNotIn("create", rbac[("ClusterRole", "snapshotter")][
+            ("snapshot.storage.k8s.io", "volumesnapshotcontents")])
+
+    def test_every_not_granted_row_is_an_upstream_rule(self):
+        for sidecar, kind, group, resource in validate.NOT_GRANTED:
+            self.assertIn((kind, group, resource), validate.UPSTREAM_RBAC[sidecar][2])
+
+
+class CheckRbac(unittest.TestCase):
+    def docs(self, storage_verbs):
+        ns, sa = "localvol", "localvol-node"
+        ds = {"kind": "DaemonSet", "metadata": {"name": "n", "namespace": ns},
+              "spec": {"template": {"spec": {"serviceAccountName": sa}}}}
+        role = lambda kind, rules: {"kind": kind, "metadata": {"name": "localvol-storage", "namespace": ns},
+                                    "rules": rules}
+        bind = lambda kind, rk: {"kind": kind, "metadata": {"name": "b", "namespace": ns},
+                                 "roleRef": {"kind": rk, "name": "localvol-storage"},
+                                 "subjects": [{"kind": "ServiceAccount", "name": sa, "namespace": ns}]}
+        want = validate.RBAC[("ClusterRole", "storage")]
+        cluster = [{"apiGroups": [g], "resources": [r], "verbs": sorted(v)} for (g, r), v in want.items()]
+        rules = [{"apiGroups": [""], "resources": ["configmaps"], "verbs": storage_verbs}]
+        return ds, [ds, {"kind": "ServiceAccount", "metadata": {"name": sa, "namespace": ns}},
+                    role("ClusterRole", cluster), role("Role", rules),
+                    bind("ClusterRoleBinding", "ClusterRole"), bind("RoleBinding", "Role")]
+
+    def test_exact_verbs_pass(self):
+        ds, docs = self.docs(["get"])
+        _, r = quiet(validate.check_rbac, "t", docs, ds, {})
+        self.assertEqual(r.failed, 0)
+
+    def test_an_extra_verb_fails(self):
+        ds, docs = self.docs(["get", "list"])
+        _, r = quiet(validate.check_rbac, "t", docs, ds, {})
+        self.assertEqual(r.failed, 1)
+
+
+class Helpers(unittest.TestCase):
+    def test_parse_flag(self):
+        self.assertEqual(validate.parse_flag("--a=b=c"), ("a", "b=c"))
+        self.assertEqual(validate.parse_flag("--node-deployment"), ("node-deployment", None))
+        self.assertEqual(validate.parse_flag("-v=5"), ("v", "5"))
+        self.assertIsNone(validate.parse_flag("serve"))
+
+    def test_image_and_hash(self):
+        self.assertEqual(validate.image_parts("registry:5000/a/b:v1"), ("registry:5000/a/b", "v1"))
+        self.assertEqual(validate.image_parts("registry:5000/a/b"), ("registry:5000/a/b", ""))
+        self.assertEqual(validate.strip_hash("localvol-config-447tkdtt5c"), "localvol-config")
+
+    def test_help_parsing_and_log_env(self):
+        help_text = textwrap.dedent("""\
+            Run the CSI driver
+
+            Usage: localvol serve [OPTIONS]
+
+            Options:
+                  --endpoint <ENDPOINT>
+                      Where to listen [env: CSI_ENDPOINT=] [default: unix:///run/localvol/csi.sock]
+                  --log-format <LOG_FORMAT>
+                      Log format [default: text] [possible values: text, json]
+
+            Environment: RUST_LOG, the log filter (default: info).
+            """)
+        with tempfile.TemporaryDirectory() as d:
+            fake = os.path.join(d, "localvol")
+            with open(fake, "w") as f:
+                f.write("#!/bin/sh\ncat <<'EOF'\n" + help_text + "EOF\n")
+            os.chmod(fake, stat.S_IRWXU)
+            text, flags, envs, values = validate.serve_help(fake)
+        self.assertEqual(flags, {"endpoint", "log-format"})
+        self.assertEqual(envs, {"CSI_ENDPOINT"})
+        self.assertEqual(values, {"log-format": {"text", "json"}})
+        self.assertEqual(validate.log_env(text), {"RUST_LOG"})
+        self.assertEqual(validate.log_env("Options:\n  --x\n"), set())
+
+
+class Parity(unittest.TestCase):
+    def test_normalize_ignores_what_each_tool_adds(self):
+        cm = lambda name, text: {"kind": "ConfigMap", "metadata": {"name": name, "namespace": "n", "labels": {"x": "y"}},
+                                 "data": {"config.yaml": text}}
+        k = validate.normalize([cm("localvol-config-447tkdtt5c", "a: 1\nb: 2\n"),
+                                {"kind": "Namespace", "metadata": {"name": "n"}}])
+        h = validate.normalize([cm("localvol-config", "b: 2\na: 1\n")])
+        self.assertEqual(k, h)
+
+    def test_diff_names_the_path(self):
+        self.assertEqual(validate.diff({"a": [1, {"b": 2}]}, {"a": [1, {"b": 3}]}), [".a[1].b: 2 != 3"])
+        self.assertEqual(validate.diff({"a": 1}, {}), [".a: only in kustomize"])
+
+
+class PoolMounts(unittest.TestCase):
+    def pod(self, mounts, volumes, **extra):
+        c = {"name": "localvol", "volumeMounts": mounts}
+        return {"containers": [c], "volumes": volumes, **extra}, c
+
+    def test_dir_pool_below_a_same_path_host_mount(self):
+        pod, c = self.pod([{"name": "data", "mountPath": "/var/lib/localvol"}],
+                          [{"name": "data", "hostPath": {"path": "/var/lib/localvol"}}])
+        cfg = {"pools": [{"name": "a", "type": "dir", "path": "/var/lib/localvol/a"}]}
+        pools, r = quiet(validate.check_pool_mounts, "t", cfg, pod, c)
+        self.assertEqual((r.passed, r.failed, list(pools)), (1, 0, ["a"]))
+        cfg = {"pools": [{"name": "b", "type": "dir", "path": "/srv/b"}]}
+        _, r = quiet(validate.check_pool_mounts, "t", cfg, pod, c)
+        self.assertEqual(r.failed, 1)
+
+    def test_device_pool_needs_bidirectional_and_dev(self):
+        pod, c = self.pod([{"name": "p", "mountPath": "/srv/p"}], [{"name": "p", "hostPath": {"path": "/srv/p"}}])
+        cfg = {"pools": [{"name": "p", "type": "dir", "path": "/srv/p", "device": "/dev/sdb"}]}
+        _, r = quiet(validate.check_pool_mounts, "t", cfg, pod, c)
+        self.assertEqual(r.failed, 1)
+
+    def test_lvm_pools_need_host_ipc_and_paths(self):
+        paths = validate.LVM_HOST_PATHS
+        pod, c = self.pod([{"name": f"v{i}", "mountPath": p} for i, p in enumerate(paths)],
+                          [{"name": f"v{i}", "hostPath": {"path": p}} for i, p in enumerate(paths)],
+                          hostIPC=True)
+        cfg = {"pools": [{"name": "l", "type": "lvm", "volumeGroup": "vg"}]}
+        _, r = quiet(validate.check_pool_mounts, "t", cfg, pod, c)
+        self.assertEqual((r.passed, r.failed), (2, 0))
+        pod["hostIPC"] = False
+        _, r = quiet(validate.check_pool_mounts, "t", cfg, pod, c)
+        self.assertEqual(r.failed, 1)
+
+
+@unittest.skipUnless(os.environ.get("LOCALVOL_BIN"), "LOCALVOL_BIN not set: no binary to ask")
+class ConfigCheck(unittest.TestCase):
+    """The config rules are the binary's; these only check the wiring, and
+    that the names this script once let through are refused."""
+
+    def test_the_drifted_names_are_refused(self):
+        ok = validate.config_check_many(os.environ["LOCALVOL_BIN"], [
+            {"pools": [{"name": "a", "type": "dir", "path": "/a"}]},
+            {"pools": [{"name": "-a", "type": "dir", "path": "/a"}]},
+            {"pools": [{"name": "a", "type": "lvm", "volumeGroup": "."}]},
+            {"pools": [{"name": "a", "type": "lvm", "volumeGroup": "vg", "thinPool": ".."}]},
+        ])
+        self.assertEqual(ok, [True, False, False, False])
+
+    def test_config_check_reports_the_drivers_error(self):
+        out, r = quiet(validate.config_check, os.environ["LOCALVOL_BIN"], "t",
+                       "pools: [{name: a, type: dir, path: relative}]\n")
+        self.assertFalse(out)
+        self.assertEqual(r.failed, 1)
+
+
+class RenderBase(unittest.TestCase):
+    HELM = textwrap.dedent("""\
+        ---
+        # Source: localvol/templates/configmap.yaml
+        apiVersion: v1
+        kind: ConfigMap
+        metadata:
+          name: localvol-config
+          labels:
+            app.kubernetes.io/managed-by: Helm
+        data:
+          config.yaml: |
+            pools:
+            - name: default
+        ---
+        # Source: localvol/templates/daemonset.yaml
+        apiVersion: apps/v1
+        kind: DaemonSet
+        metadata:
+          name: localvol-node
+          labels:
+            app.kubernetes.io/name: localvol
+            app.kubernetes.io/managed-by: Helm
+            helm.sh/chart: localvol-0.1.0
+        spec:
+          template:
+            metadata:
+              annotations:
+                # Roll the pods when the pool config changes.
+                checksum/config: 0123
+                kubectl.kubernetes.io/default-container: localvol
+        """)
+
+    def test_render_splits_config_and_drops_helm_only_lines(self):
+        files = render_base.render(self.HELM)
+        self.assertEqual(files["config.yaml"], render_base.HEADER + "pools:\n- name: default\n")
+        body = files["localvol.yaml"]
+        self.assertTrue(body.startswith(render_base.HEADER + "---\n# Source: localvol/templates/daemonset.yaml\n"))
+        for gone in ("managed-by", "helm.sh/chart", "checksum/config", "Roll the pods", "kind: ConfigMap"):
+            self.assertNotIn(gone, body)
+        self.assertIn("kubectl.kubernetes.io/default-container: localvol", body)
+
+    def test_render_needs_the_config_map(self):
+        with self.assertRaises(SystemExit):
+            render_base.render(self.HELM.split("---\n# Source: localvol/templates/daemonset.yaml")[0]
+                               .replace("localvol-config", "other"))
+
+
+if __name__ == "__main__":
+    unittest.main()
