@@ -130,6 +130,48 @@ const VOLUME_GAUGES: [(&str, &str); 2] = [
     ),
 ];
 
+const ORPHAN_GAUGES: [(&str, &str); 2] = [
+    (
+        "orphan_volumes",
+        "Volumes of this node that no PersistentVolume refers to",
+    ),
+    (
+        "orphan_volumes_kept_after_node_loss",
+        "Orphans whose PV the node-loss controller deleted while their storage survived: never reclaimed",
+    ),
+];
+
+type WipeFamilies = (
+    Family<PoolLabels, Gauge>,
+    Family<PoolLabels, Counter>,
+    Family<PoolLabels, Counter<f64>>,
+);
+
+/// The background wipe's figures, by pool: bytes waiting, bytes zeroed,
+/// seconds spent.
+fn wipe_families(r: &mut Registry) -> WipeFamilies {
+    (
+        registered(
+            r,
+            "wipe_pending_bytes",
+            "Bytes of deleted volumes waiting to be zeroed before they return to the pool",
+            Family::default(),
+        ),
+        registered(
+            r,
+            "wiped_bytes",
+            "Bytes of deleted volumes zeroed (rate over wipe_seconds: wipe throughput)",
+            Family::default(),
+        ),
+        registered(
+            r,
+            "wipe_seconds",
+            "Time spent zeroing deleted volumes",
+            Family::default(),
+        ),
+    )
+}
+
 impl Metrics {
     fn new() -> Self {
         let r = &mut Registry::with_prefix("localvol");
@@ -141,6 +183,9 @@ impl Metrics {
             THIN_GAUGES.map(|(name, help)| registered(r, name, help, Family::default()));
         let [volume_used, volume_limit] =
             VOLUME_GAUGES.map(|(name, help)| registered(r, name, help, Family::default()));
+        let [orphans, orphans_kept] =
+            ORPHAN_GAUGES.map(|(name, help)| registered(r, name, help, Gauge::default()));
+        let (wipe_pending, wiped_bytes, wipe_seconds) = wipe_families(r);
         Metrics {
             rpc_total: registered(
                 r,
@@ -181,36 +226,11 @@ impl Metrics {
                 "Time to clean a released static volume",
                 Histogram::new(exponential_buckets(0.01, 4.0, 12)),
             ),
-            orphans: registered(
-                r,
-                "orphan_volumes",
-                "Volumes of this node that no PersistentVolume refers to",
-                Gauge::default(),
-            ),
-            orphans_kept: registered(
-                r,
-                "orphan_volumes_kept_after_node_loss",
-                "Orphans whose PV the node-loss controller deleted while their storage survived: never reclaimed",
-                Gauge::default(),
-            ),
-            wipe_pending: registered(
-                r,
-                "wipe_pending_bytes",
-                "Bytes of deleted volumes waiting to be zeroed before they return to the pool",
-                Family::default(),
-            ),
-            wiped_bytes: registered(
-                r,
-                "wiped_bytes",
-                "Bytes of deleted volumes zeroed (rate over wipe_seconds: wipe throughput)",
-                Family::default(),
-            ),
-            wipe_seconds: registered(
-                r,
-                "wipe_seconds",
-                "Time spent zeroing deleted volumes",
-                Family::default(),
-            ),
+            orphans,
+            orphans_kept,
+            wipe_pending,
+            wiped_bytes,
+            wipe_seconds,
             lvm_runs: registered(
                 r,
                 "lvm_runs",

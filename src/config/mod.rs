@@ -267,6 +267,40 @@ impl LvmPoolConfig {
                 self.volume_group
             ));
         }
+        self.validate_thin()?;
+        if self.wipe_rate_limit.is_some_and(|r| r.0 < 1 << 20) {
+            return bad("wipeRateLimit must be at least 1Mi (bytes per second)".into());
+        }
+        for o in &self.lvcreate_options {
+            let flag = o.split('=').next().unwrap_or(o);
+            if RESERVED_LVCREATE_OPTIONS.contains(&flag) {
+                return bad(format!(
+                    "lvcreateOptions may not contain {o:?}: the driver sets it"
+                ));
+            }
+            if o.chars().any(|c| c.is_control()) {
+                return bad(format!(
+                    "lvcreateOptions entry {o:?} contains control characters"
+                ));
+            }
+        }
+        if !matches!(self.default_fs_type.as_str(), "ext4" | "xfs") {
+            return bad(format!(
+                "defaultFsType {:?} is not ext4 or xfs",
+                self.default_fs_type
+            ));
+        }
+        for d in &self.devices {
+            if let Err(why) = check_device_pattern(d) {
+                return bad(why);
+            }
+        }
+        Ok(())
+    }
+
+    /// The settings that depend on whether the pool is thin.
+    fn validate_thin(&self) -> Result<()> {
+        let bad = |m: String| Err(ConfigError::Invalid(format!("pool {}: {m}", self.name)));
         if let Some(t) = &self.thin_pool {
             if !is_lvm_name(t.name()) {
                 return bad(format!("thinPool {:?} is not a valid LVM name", t.name()));
@@ -317,33 +351,6 @@ impl LvmPoolConfig {
                  provision them)"
                     .into(),
             );
-        }
-        if self.wipe_rate_limit.is_some_and(|r| r.0 < 1 << 20) {
-            return bad("wipeRateLimit must be at least 1Mi (bytes per second)".into());
-        }
-        for o in &self.lvcreate_options {
-            let flag = o.split('=').next().unwrap_or(o);
-            if RESERVED_LVCREATE_OPTIONS.contains(&flag) {
-                return bad(format!(
-                    "lvcreateOptions may not contain {o:?}: the driver sets it"
-                ));
-            }
-            if o.chars().any(|c| c.is_control()) {
-                return bad(format!(
-                    "lvcreateOptions entry {o:?} contains control characters"
-                ));
-            }
-        }
-        if !matches!(self.default_fs_type.as_str(), "ext4" | "xfs") {
-            return bad(format!(
-                "defaultFsType {:?} is not ext4 or xfs",
-                self.default_fs_type
-            ));
-        }
-        for d in &self.devices {
-            if let Err(why) = check_device_pattern(d) {
-                return bad(why);
-            }
         }
         Ok(())
     }
@@ -462,24 +469,7 @@ impl Config {
             match p {
                 PoolConfig::Lvm(l) => l.validate()?,
                 PoolConfig::Dir(d) => {
-                    if !d.path.is_absolute() {
-                        return Err(ConfigError::Invalid(format!(
-                            "pool {}: path {:?} must be absolute",
-                            d.name, d.path
-                        )));
-                    }
-                    if let Some(dev) = &d.device {
-                        let text = dev.to_str().unwrap_or("");
-                        check_device_pattern(text).map_err(|why| {
-                            ConfigError::Invalid(format!("pool {}: {why}", d.name))
-                        })?;
-                        if text.contains(['*', '?', '[']) {
-                            return Err(ConfigError::Invalid(format!(
-                                "pool {}: device {dev:?} must name one disk, not a glob",
-                                d.name
-                            )));
-                        }
-                    }
+                    d.validate()?;
                     if !paths.insert(d.path.clone()) {
                         return Err(ConfigError::Invalid(format!(
                             "pool {}: path {:?} is used by another pool",
@@ -489,33 +479,7 @@ impl Config {
                 }
             }
         }
-        // A disk named by two pools would be taken by the first and refuse
-        // the second; LVM pools sharing a VG may list the same disks.
-        let mut owners: std::collections::BTreeMap<&str, (&PoolName, Option<&str>)> =
-            std::collections::BTreeMap::new();
-        for p in &self.pools {
-            let (listed, vg): (Vec<&str>, Option<&str>) = match p {
-                PoolConfig::Lvm(l) => (
-                    l.devices.iter().map(String::as_str).collect(),
-                    Some(l.volume_group.as_str()),
-                ),
-                PoolConfig::Dir(d) => (d.device.iter().filter_map(|d| d.to_str()).collect(), None),
-            };
-            for dev in listed {
-                match owners.get(dev) {
-                    Some((other, other_vg)) if vg.is_none() || *other_vg != vg => {
-                        return Err(ConfigError::Invalid(format!(
-                            "pool {}: device {dev:?} is also pool {other}'s",
-                            p.name()
-                        )))
-                    }
-                    Some(_) => {}
-                    None => {
-                        owners.insert(dev, (p.name(), vg));
-                    }
-                }
-            }
-        }
+        check_shared_devices(&self.pools)?;
         if let Some(def) = &self.default_pool {
             if !names.contains(def) {
                 return Err(ConfigError::Invalid(format!(
@@ -574,6 +538,61 @@ impl Config {
 /// at: whether the paths, volume groups and disks exist is the node's business.
 pub fn check_file(path: &Path) -> Result<String> {
     Config::load(path).map(|c| c.summary())
+}
+
+/// A disk named by two pools would be taken by the first and refuse the
+/// second; LVM pools sharing a VG may list the same disks.
+fn check_shared_devices(pools: &[PoolConfig]) -> Result<()> {
+    let mut owners: std::collections::BTreeMap<&str, (&PoolName, Option<&str>)> =
+        std::collections::BTreeMap::new();
+    for p in pools {
+        let (listed, vg): (Vec<&str>, Option<&str>) = match p {
+            PoolConfig::Lvm(l) => (
+                l.devices.iter().map(String::as_str).collect(),
+                Some(l.volume_group.as_str()),
+            ),
+            PoolConfig::Dir(d) => (d.device.iter().filter_map(|d| d.to_str()).collect(), None),
+        };
+        for dev in listed {
+            match owners.get(dev) {
+                Some((other, other_vg)) if vg.is_none() || *other_vg != vg => {
+                    return Err(ConfigError::Invalid(format!(
+                        "pool {}: device {dev:?} is also pool {other}'s",
+                        p.name()
+                    )))
+                }
+                Some(_) => {}
+                None => {
+                    owners.insert(dev, (p.name(), vg));
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+impl DirPoolConfig {
+    fn validate(&self) -> Result<()> {
+        let d = self;
+        if !d.path.is_absolute() {
+            return Err(ConfigError::Invalid(format!(
+                "pool {}: path {:?} must be absolute",
+                d.name, d.path
+            )));
+        }
+        if let Some(dev) = &d.device {
+            let text = dev.to_str().unwrap_or("");
+            check_device_pattern(text)
+                .map_err(|why| ConfigError::Invalid(format!("pool {}: {why}", d.name)))?;
+            if text.contains(['*', '?', '[']) {
+                return Err(ConfigError::Invalid(format!(
+                    "pool {}: device {dev:?} must name one disk, not a glob",
+                    d.name
+                )));
+            }
+        }
+        Ok(())
+    }
 }
 
 #[cfg(test)]
