@@ -1,4 +1,5 @@
-//! Shared harness for localvol's CSI conformance suite (see `tests/`).
+//! Shared harness for localvol's CSI conformance suite: the fixtures every module of
+//! its two test binaries uses (`tests/host/main.rs`, `tests/vm/main.rs`).
 //!
 //! Every test starts the real `localvol serve` binary on a unix socket in a
 //! fresh temp dir (with its own pool, kubelet dir and config) and talks to it
@@ -196,12 +197,12 @@ pub struct DriverOpts {
     /// pool when `pools` is empty).
     pub lvm_pools: Vec<LvmPoolOpts>,
     /// YAML appended to the generated config as it is (e.g. a `discovery:`
-    /// section: `tests/static_volumes.rs`).
+    /// section: `tests/host/static_volumes.rs`).
     pub extra_config: String,
     /// `--metrics-addr` (e.g. `127.0.0.1:PORT`; see [`free_port`]).
     pub metrics_addr: Option<String>,
     /// Extra environment of the driver process (e.g. a `PATH` that puts
-    /// fault-injecting wrappers of `lvm` or `mkfs` first: `tests/vm_faults.rs`).
+    /// fault-injecting wrappers of `lvm` or `mkfs` first: `tests/vm/vm_faults.rs`).
     pub env: Vec<(String, String)>,
     /// Extra `localvol serve` arguments (e.g. `--kube-api URL`:
     /// [`replace`]).
@@ -247,7 +248,7 @@ impl DriverOpts {
     }
 }
 
-/// One `type: lvm` pool of the driver's config (VM tests: `tests/vm_lvm.rs`).
+/// One `type: lvm` pool of the driver's config (VM tests: `tests/vm/vm_lvm.rs`).
 #[derive(Clone, Debug)]
 pub struct LvmPoolOpts {
     pub name: String,
@@ -1705,7 +1706,7 @@ impl Drop for LoopFs {
 }
 
 // ---------------------------------------------------------------------------
-// LVM volume groups on loop devices (VM tests: tests/vm_lvm.rs)
+// LVM volume groups on loop devices (VM tests: tests/vm/vm_lvm.rs)
 // ---------------------------------------------------------------------------
 
 /// Whether device-mapper works here: in the project's VM, not on hosts whose
@@ -1946,8 +1947,8 @@ impl Drop for LoopVg {
 }
 
 // ---------------------------------------------------------------------------
-// LVM scenarios run against a thick and a thin pool (tests/vm_lvm.rs,
-// tests/vm_snapshots.rs)
+// LVM scenarios run against a thick and a thin pool (tests/vm/vm_lvm.rs,
+// tests/vm/vm_snapshots.rs)
 // ---------------------------------------------------------------------------
 
 /// The two kinds of LVM pool every VM scenario runs against.

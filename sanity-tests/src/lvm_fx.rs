@@ -1,5 +1,5 @@
-//! The fixture of the LVM scenarios run in the VM (`tests/vm_lvm.rs`,
-//! `tests/vm_snapshots.rs`): the real driver serving one LVM pool on a volume
+//! The fixture of the LVM scenarios run in the VM (`tests/vm/vm_lvm.rs`,
+//! `tests/vm/vm_snapshots.rs`): the real driver serving one LVM pool on a volume
 //! group of its own. What only one of those files needs stays there.
 
 use localvol::csi;
@@ -57,7 +57,7 @@ impl LvmFx {
     }
 
     /// Like [`LvmFx::start`], with changes to the driver's options too (e.g.
-    /// its environment: `tests/vm_faults.rs`).
+    /// its environment: `tests/vm/vm_faults.rs`).
     pub async fn start_with(
         kind: LvmKind,
         vg_bytes: u64,

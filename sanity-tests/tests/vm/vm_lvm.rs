@@ -2,7 +2,7 @@
 //!
 //! The machines' own kernel has no device-mapper, so every test here is
 //! `#[ignore]`d by a plain `cargo test`: `make test-vm` runs them inside the
-//! qemu guest (vm/README.md) with `--ignored --test-threads=1`. Each test makes
+//! qemu guest (vm/README.md) with `--include-ignored --test-threads=1`. Each test makes
 //! its own volume group on a loop device over a sparse file on the guest's
 //! tmpfs ([`LoopVg`], removed on drop even when the test fails), starts the
 //! real `localvol serve` on one LVM pool ([`LvmFx`], the fixture

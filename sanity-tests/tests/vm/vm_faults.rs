@@ -385,7 +385,7 @@ impl Wrappers {
         let real = which(prog);
         let script = format!(
             r#"#!/bin/sh
-# Fault-injecting wrapper of {prog} (sanity-tests/tests/vm_faults.rs).
+# Fault-injecting wrapper of {prog} (sanity-tests/tests/vm/vm_faults.rs).
 ctl='{ctl}'
 real='{real}'
 action=
