@@ -35,8 +35,6 @@ use tonic::Code;
 
 /// The volumes of the kill campaign: small, so copies are quick.
 const VOLUME: i64 = 8 * MI;
-/// mkfs.xfs refuses filesystems below 300 MiB.
-const XFS_SIZE: i64 = 320 * MI;
 
 thick_and_thin!(
     lvm_killed_mid_lvcreate_and_lvremove,
