@@ -119,7 +119,7 @@ test-vm:
 	$(CARGO) build --bin localvol --message-format=json-render-diagnostics >"$$dir/build.json"; \
 	$(CARGO) test -p sanity-tests --test vm --no-run \
 		--message-format=json-render-diagnostics >"$$dir/test.json"; \
-	bin=$$(grep -o '"executable":"[^"]*"' "$$dir/build.json" | cut -d'"' -f4 | grep '/localvol$$'); \
+	bin=$$(grep -o '"executable":"[^"]*"' "$$dir/build.json" | cut -d'"' -f4 | grep '/localvol$$' || true); \
 	vm=$$(grep -o '"executable":"[^"]*"' "$$dir/test.json" | cut -d'"' -f4); \
 	[ -n "$$bin" ] || { echo "test-vm: no localvol binary was built" >&2; exit 1; }; \
 	[ "$$(echo "$$vm" | wc -w)" -eq 1 ] || { echo "test-vm: expected one vm test binary, got: $$vm" >&2; exit 1; }; \
