@@ -45,14 +45,22 @@ clippy:
 unit:
 	$(CARGO) test --workspace --exclude sanity-tests
 
-# The conformance suite starts the real binary; mount tests need root.
+# The conformance suite starts the real binary; mount tests need root. Two test binaries
+# (sanity-tests/tests/{host,vm}/main.rs, one module per area): `host` runs here, in two
+# passes: first every module but the two that must be alone, their tests in parallel;
+# then `bench` (its node-scale scenarios compare the length of the whole host's mount
+# table, which any other test's mounts change) and `fault_injection` (4 workers and 200
+# driver kills: the machine's cores), one test at a time. `vm`'s own tests run in the VM
+# (test-vm); on the host it runs the few of them that need no VM kernel, with the first pass.
+HOST_ALONE := bench fault_injection
 sanity:
 	$(CARGO) build --bin localvol
-	$(CARGO) test -p sanity-tests
+	$(CARGO) test -p sanity-tests --lib --test host --test vm -- $(foreach m,$(HOST_ALONE),--skip $(m)::)
+	$(CARGO) test -p sanity-tests --test host -- --test-threads=1 $(addsuffix ::,$(HOST_ALONE))
 
-# The fault-injection suite (sanity-tests/tests/fault_injection.rs; `sanity`
+# The fault-injection suite (sanity-tests/tests/host/fault_injection.rs; `sanity`
 # runs it with its defaults: dir pool, 200 kills at 4 workers; the LVM pools'
-# campaign, 40 kills at 2 workers each, is in vm_faults.rs, run by test-vm) with larger
+# campaign, 40 kills at 2 workers each, is in tests/vm/vm_faults.rs, run by test-vm) with larger
 # counts, for as long as asked; not for CI. Kills go on until both
 # SOAK_MINUTES passed and SOAK_KILLS were done, e.g.
 #   make soak SOAK_MINUTES=30
@@ -64,7 +72,7 @@ SOAK_CONCURRENCY ?= 8
 soak:
 	$(CARGO) build --bin localvol
 	FAULT_MINUTES=$(SOAK_MINUTES) FAULT_KILLS=$(SOAK_KILLS) FAULT_CONCURRENCY=$(SOAK_CONCURRENCY) \
-		$(CARGO) test -p sanity-tests --test fault_injection -- --nocapture
+		$(CARGO) test -p sanity-tests --test host -- --nocapture fault_injection::
 
 # The CSI community's own conformance suite (kubernetes-csi/csi-test's
 # csi-sanity) against a dir pool on this host, default test sizes; the VM step
@@ -82,17 +90,20 @@ upstream-sanity:
 	sanity-tests/upstream/csi-sanity-run --name host-dir --config "$$dir/pools.yaml"
 
 # Tests that need the VM's kernel (project quotas here; device-mapper too):
-# every sanity-tests/tests/vm_*.rs binary, all in ONE boot of vm/run, with
-# --include-ignored (see vm/guest-tests), then upstream csi-sanity on a quota
-# dir pool, a thick and a thin LVM pool in that same boot (vm/guest-csi-sanity;
-# CI, CSI_SANITY and CSI_SANITY_ARGS pass into the guest). The driver and the test binaries are
-# copied to a private dir first, so a concurrent build cannot replace them
-# under the running guest; so is csi-sanity (found on the host: the guest may
-# not see ../shared, e.g. for a checkout below /tmp). The guest sees the
-# host's / read-only; its /tmp is its own tmpfs. Fails if the guest does not
-# boot (vm/run: 124/125).
-VM_TESTS        ?= $(sort $(basename $(notdir $(wildcard sanity-tests/tests/vm_*.rs))))
-# Whole VM run, all binaries (a safety net: vm/run kills the guest and exits 124).
+# sanity-tests' `vm` test binary (tests/vm/main.rs), all in ONE boot of vm/run, with
+# --include-ignored, run once per module (vm_lvm, vm_quota, ...: tests/vm/vm_*.rs) so the
+# summary shows each area's result and time (see vm/guest-tests), then upstream csi-sanity
+# on a quota dir pool, a thick and a thin LVM pool in that same boot
+# (vm/guest-csi-sanity; CI, CSI_SANITY and CSI_SANITY_ARGS pass into the guest). VM_TESTS
+# names the modules to run, e.g. `make test-vm VM_TESTS="vm_lvm vm_wipe"`; default: every
+# module of the binary (from its --list, so none can be missed; a test outside a module
+# fails the target). The driver and the test binary are copied to a private dir first, so
+# a concurrent build cannot replace them under the running guest; so is csi-sanity (found
+# on the host: the guest may not see ../shared, e.g. for a checkout below /tmp). The guest
+# sees the host's / read-only; its /tmp is its own tmpfs. Fails if the guest does not boot
+# (vm/run: 124/125).
+VM_TESTS        ?=
+# Whole VM run, all modules (a safety net: vm/run kills the guest and exits 124).
 VM_TEST_TIMEOUT ?= 2400
 
 # Manifests and the Helm chart, rendered and checked offline (see deploy/README.md).
@@ -111,20 +122,29 @@ test-vm:
 	dir=$$(mktemp -d $(CURDIR)/target/vm-tests.XXXXXX); \
 	trap 'rm -rf "$$dir"' EXIT; \
 	$(CARGO) build --bin localvol --message-format=json-render-diagnostics >"$$dir/build.json"; \
-	$(CARGO) test -p sanity-tests $(addprefix --test ,$(VM_TESTS)) --no-run \
-		--message-format=json-render-diagnostics >>"$$dir/build.json"; \
-	bins=$$(grep -o '"executable":"[^"]*"' "$$dir/build.json" | cut -d'"' -f4); \
-	cp $$bins "$$dir/"; \
-	[ -x "$$dir/localvol" ] || { echo "test-vm: no localvol binary was built" >&2; exit 1; }; \
-	tests=$$(cd "$$dir" && ls | grep -E '^vm_[a-z0-9_]+-[0-9a-f]+$$' | sed "s|^|$$dir/|"); \
-	[ -n "$$tests" ] || { echo "test-vm: no vm_* test binaries were built" >&2; exit 1; }; \
+	$(CARGO) test -p sanity-tests --test vm --no-run \
+		--message-format=json-render-diagnostics >"$$dir/test.json"; \
+	bin=$$(grep -o '"executable":"[^"]*"' "$$dir/build.json" | cut -d'"' -f4 | grep '/localvol$$' || true); \
+	vm=$$(grep -o '"executable":"[^"]*"' "$$dir/test.json" | cut -d'"' -f4); \
+	[ -n "$$bin" ] || { echo "test-vm: no localvol binary was built" >&2; exit 1; }; \
+	[ "$$(echo "$$vm" | wc -w)" -eq 1 ] || { echo "test-vm: expected one vm test binary, got: $$vm" >&2; exit 1; }; \
+	cp "$$bin" "$$dir/localvol"; cp "$$vm" "$$dir/vm"; \
+	tests=$$("$$dir/vm" --list | sed -n 's/: test$$//p'); \
+	loose=$$(echo "$$tests" | grep -v '::' || true); \
+	[ -z "$$loose" ] || { echo "test-vm: tests outside a module of tests/vm/ (test-vm runs modules): $$loose" >&2; exit 1; }; \
+	all=$$(echo "$$tests" | sed 's/::.*//' | sort -u); \
+	modules="$(VM_TESTS)"; modules=$${modules:-$$all}; \
+	for m in $$modules; do \
+		echo "$$all" | grep -qx "$$m" || { echo "test-vm: no module $$m in the vm binary (modules: $$(echo $$all))" >&2; exit 1; }; \
+	done; \
 	if sanity=$$(sanity-tests/upstream/find-csi-sanity); then \
 		cp "$$sanity" "$$dir/csi-sanity"; export CSI_SANITY="$$dir/csi-sanity"; \
 	fi; \
 	start=$$(date +%s); \
 	rc=0; \
 	LOCALVOL_BIN="$$dir/localvol" VM_PASS_ENV="LOCALVOL_BIN RUST_LOG CI CSI_SANITY CSI_SANITY_ARGS" \
-		vm/run --timeout $(VM_TEST_TIMEOUT) -- vm/guest-tests --script vm/guest-csi-sanity $$tests || rc=$$?; \
+		vm/run --timeout $(VM_TEST_TIMEOUT) -- vm/guest-tests --script vm/guest-csi-sanity \
+		$$(printf -- '--module %s ' $$modules) "$$dir/vm" || rc=$$?; \
 	echo "test-vm: VM run took $$(($$(date +%s) - start)) s, exit $$rc"; \
 	exit $$rc
 

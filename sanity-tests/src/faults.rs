@@ -1,5 +1,5 @@
 //! The machinery of the fault-injection suites, shared by
-//! `tests/fault_injection.rs` (dir pool, on the host) and `tests/vm_faults.rs`
+//! `tests/host/fault_injection.rs` (dir pool, on the host) and `tests/vm/vm_faults.rs`
 //! (thick and thin LVM pools, in the VM): C workers run whole volume
 //! lifecycles (CreateVolume → NodeStage → NodePublish → write a file through
 //! the target → NodeUnpublish → NodeUnstage → DeleteVolume, about a quarter of

@@ -1,4 +1,5 @@
-//! Shared harness for localvol's CSI conformance suite (see `tests/`).
+//! Shared harness for localvol's CSI conformance suite: the fixtures every module of
+//! its two test binaries uses (`tests/host/main.rs`, `tests/vm/main.rs`).
 //!
 //! Every test starts the real `localvol serve` binary on a unix socket in a
 //! fresh temp dir (with its own pool, kubelet dir and config) and talks to it
@@ -196,12 +197,12 @@ pub struct DriverOpts {
     /// pool when `pools` is empty).
     pub lvm_pools: Vec<LvmPoolOpts>,
     /// YAML appended to the generated config as it is (e.g. a `discovery:`
-    /// section: `tests/static_volumes.rs`).
+    /// section: `tests/host/static_volumes.rs`).
     pub extra_config: String,
     /// `--metrics-addr` (e.g. `127.0.0.1:PORT`; see [`free_port`]).
     pub metrics_addr: Option<String>,
     /// Extra environment of the driver process (e.g. a `PATH` that puts
-    /// fault-injecting wrappers of `lvm` or `mkfs` first: `tests/vm_faults.rs`).
+    /// fault-injecting wrappers of `lvm` or `mkfs` first: `tests/vm/vm_faults.rs`).
     pub env: Vec<(String, String)>,
     /// Extra `localvol serve` arguments (e.g. `--kube-api URL`:
     /// [`replace`]).
@@ -247,7 +248,7 @@ impl DriverOpts {
     }
 }
 
-/// One `type: lvm` pool of the driver's config (VM tests: `tests/vm_lvm.rs`).
+/// One `type: lvm` pool of the driver's config (VM tests: `tests/vm/vm_lvm.rs`).
 #[derive(Clone, Debug)]
 pub struct LvmPoolOpts {
     pub name: String,
@@ -1054,6 +1055,11 @@ pub fn mount_cap_flags(mode: Mode, flags: &[&str]) -> csi::VolumeCapability {
     }
 }
 
+/// A raw block capability, single-node writer: what the LVM tests mostly ask for.
+pub fn blk() -> csi::VolumeCapability {
+    block_cap(Mode::SingleNodeWriter)
+}
+
 pub fn block_cap(mode: Mode) -> csi::VolumeCapability {
     csi::VolumeCapability {
         access_mode: Some(csi::volume_capability::AccessMode { mode: mode as i32 }),
@@ -1224,6 +1230,27 @@ pub fn must_fail<T: Debug>(what: &str, res: Result<T, Status>, want: Code) -> St
 #[track_caller]
 pub fn ok<T>(what: &str, res: Result<Response<T>, Status>) -> T {
     must(what, res.map(Response::into_inner))
+}
+
+/// The file `name` in `dir` holds exactly `want` (a mismatch shows both when
+/// they are short, else their lengths: a device's worth of bytes is no message).
+#[track_caller]
+pub fn assert_file(dir: &Path, name: &str, want: &[u8]) {
+    let got = fs::read(dir.join(name)).unwrap_or_else(|e| panic!("reading {name} in {dir:?}: {e}"));
+    if got != want {
+        if got.len().max(want.len()) <= 64 {
+            panic!(
+                "{name} in {dir:?}: {:?}, expected {:?}",
+                String::from_utf8_lossy(&got),
+                String::from_utf8_lossy(want)
+            );
+        }
+        panic!(
+            "{name} in {dir:?}: content differs ({} bytes, expected {})",
+            got.len(),
+            want.len()
+        );
+    }
 }
 
 /// Like [`ok`], for a result already out of its `Response`.
@@ -1502,6 +1529,19 @@ pub fn node_caps(r: &csi::NodeGetCapabilitiesResponse) -> Vec<i32> {
 }
 
 /// Writes a file through `dir` and syncs it.
+/// statvfs: the total bytes of the filesystem at `path`.
+pub fn fs_total(path: &Path) -> i64 {
+    let s = nix::sys::statvfs::statvfs(path).unwrap_or_else(|e| panic!("statvfs {path:?}: {e}"));
+    (s.blocks() * s.fragment_size()) as i64
+}
+
+/// Writes dirty pages back, then drops the page cache, so the next read of
+/// a device or file comes from the device itself (root; the VM tests).
+pub fn drop_caches() {
+    nix::unistd::sync();
+    fs::write("/proc/sys/vm/drop_caches", "3").expect("writing /proc/sys/vm/drop_caches");
+}
+
 pub fn write_file(dir: &Path, name: &str, data: &[u8]) -> std::io::Result<()> {
     use std::io::Write;
     let mut f = fs::File::create(dir.join(name))?;
@@ -1705,7 +1745,7 @@ impl Drop for LoopFs {
 }
 
 // ---------------------------------------------------------------------------
-// LVM volume groups on loop devices (VM tests: tests/vm_lvm.rs)
+// LVM volume groups on loop devices (VM tests: tests/vm/vm_lvm.rs)
 // ---------------------------------------------------------------------------
 
 /// Whether device-mapper works here: in the project's VM, not on hosts whose
@@ -1946,9 +1986,12 @@ impl Drop for LoopVg {
 }
 
 // ---------------------------------------------------------------------------
-// LVM scenarios run against a thick and a thin pool (tests/vm_lvm.rs,
-// tests/vm_snapshots.rs)
+// LVM scenarios run against a thick and a thin pool (tests/vm/vm_lvm.rs,
+// tests/vm/vm_snapshots.rs)
 // ---------------------------------------------------------------------------
+
+/// A filesystem size mkfs.xfs accepts: it refuses those below 300 MiB.
+pub const XFS_SIZE: i64 = 320 * MI;
 
 /// The two kinds of LVM pool every VM scenario runs against.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

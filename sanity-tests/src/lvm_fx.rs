@@ -1,8 +1,9 @@
-//! The fixture of the LVM scenarios run in the VM (`tests/vm_lvm.rs`,
-//! `tests/vm_snapshots.rs`): the real driver serving one LVM pool on a volume
+//! The fixture of the LVM scenarios run in the VM (`tests/vm/vm_lvm.rs`,
+//! `tests/vm/vm_snapshots.rs`): the real driver serving one LVM pool on a volume
 //! group of its own. What only one of those files needs stays there.
 
 use localvol::csi;
+use localvol::ids::VolumeName;
 use tonic::Status;
 
 use crate::{delete_req, lv_name, Driver, DriverOpts, LoopVg, LvRow, LvmKind, LvmPoolOpts, MI};
@@ -27,6 +28,8 @@ impl LvmFx {
     pub const THIN_RATIO: f64 = 2.0;
     /// What every pool keeps back: its `reserve: 64Mi`.
     pub const RESERVE: i64 = 64 * MI;
+    /// LVM's default extent size (the VG's): volume sizes are multiples of it.
+    pub const EXTENT: i64 = 4 * MI;
 
     /// A pool of this kind on a [`LvmFx::VG_BYTES`] VG.
     pub async fn new(kind: LvmKind) -> Self {
@@ -57,7 +60,7 @@ impl LvmFx {
     }
 
     /// Like [`LvmFx::start`], with changes to the driver's options too (e.g.
-    /// its environment: `tests/vm_faults.rs`).
+    /// its environment: `tests/vm/vm_faults.rs`).
     pub async fn start_with(
         kind: LvmKind,
         vg_bytes: u64,
@@ -143,6 +146,19 @@ impl LvmFx {
             "the LV of {volume_id} is still there: {:?}",
             self.lv_names()
         );
+    }
+
+    /// The id the pool gives the volume named `name` (`<pool>.<key>`).
+    pub fn volume_id(&self, name: &str) -> String {
+        let key = VolumeName::parse(name).unwrap().key();
+        format!("{}.{key}", self.pool)
+    }
+
+    /// Unpublishes and unstages the volume at the target and staging paths
+    /// of `tag` (what the tests' `mount` helpers staged and published there).
+    pub async fn unmount(&self, id: &str, tag: &str) {
+        self.d.unpublish(id, &self.d.target_path(tag)).await;
+        self.d.unstage(id, &self.d.staging_path(tag)).await;
     }
 
     /// CreateVolume; the volume it returned.

@@ -3,8 +3,8 @@
 //! reclaim}` and a lost record naming some of its volumes, keeps those and
 //! reclaims only the others. The API server is the tests' fake
 //! (`localvol::fake_api`) served over HTTP, which the driver reaches through
-//! `--kube-api`. Used by `tests/node_replace.rs` (a dir pool, on the host)
-//! and `tests/vm_lvm.rs` (a thick LVM pool on an existing VG).
+//! `--kube-api`. Used by `tests/host/node_replace.rs` (a dir pool, on the host)
+//! and `tests/vm/vm_lvm.rs` (a thick LVM pool on an existing VG).
 
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};

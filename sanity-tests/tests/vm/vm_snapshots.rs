@@ -18,8 +18,6 @@ use sanity_tests::LvmKind as Kind;
 use sanity_tests::*;
 use tonic::{Code, Status};
 
-/// mkfs.xfs refuses filesystems below 300 MiB.
-const XFS_SIZE: i64 = 320 * MI;
 /// Space for a thick snapshot's copy-on-write changes.
 const COW: &str = "32Mi";
 
@@ -43,8 +41,6 @@ trait SnapshotOps {
     fn must_lv(&self, volume_id: &str) -> LvRow;
     /// LVs carrying the `localvol` tag (volumes and snapshots), sorted.
     fn our_lvs(&self) -> Vec<String>;
-    /// The volume id a CSI name gets in this pool.
-    fn volume_id(&self, name: &str) -> String;
     /// CreateSnapshot; thick pools get a `snapshotSize` for the COW area.
     async fn snapshot(&self, name: &str, source: &str) -> Result<csi::Snapshot, Status>;
     /// Like [`SnapshotOps::snapshot`], with this `snapshotSize` (thick pools).
@@ -74,8 +70,6 @@ trait SnapshotOps {
     /// raw block volume when `fs` is "block") and publishes; returns the
     /// target path.
     async fn mount(&self, id: &str, tag: &str, fs: &str) -> PathBuf;
-    /// Unpublishes and unstages what [`SnapshotOps::mount`] mounted.
-    async fn unmount(&self, id: &str, tag: &str);
 }
 
 impl SnapshotOps for Fx {
@@ -95,11 +89,6 @@ impl SnapshotOps for Fx {
             .collect();
         v.sort();
         v
-    }
-
-    fn volume_id(&self, name: &str) -> String {
-        let key = localvol::ids::VolumeName::parse(name).unwrap().key();
-        format!("{}.{key}", self.pool)
     }
 
     async fn snapshot(&self, name: &str, source: &str) -> Result<csi::Snapshot, Status> {
@@ -198,11 +187,6 @@ impl SnapshotOps for Fx {
         );
         target
     }
-
-    async fn unmount(&self, id: &str, tag: &str) {
-        self.d.unpublish(id, &self.d.target_path(tag)).await;
-        self.d.unstage(id, &self.d.staging_path(tag)).await;
-    }
 }
 
 fn snap_lv_name(snapshot_id: &str) -> String {
@@ -298,11 +282,6 @@ fn write_generation(dir: &Path, generation: u64) {
     nix::unistd::sync();
 }
 
-fn drop_caches() {
-    nix::unistd::sync();
-    fs::write("/proc/sys/vm/drop_caches", "3").unwrap();
-}
-
 /// Asserts `dir` holds exactly `generation`'s data (read from the device:
 /// the page cache is dropped first).
 #[track_caller]
@@ -335,12 +314,6 @@ fn assert_generation(dir: &Path, generation: u64, what: &str) {
         vec![format!("gen-{generation}")],
         "{what}: generation markers"
     );
-}
-
-/// statvfs total bytes of the filesystem at `path`.
-fn fs_total(path: &Path) -> i64 {
-    let s = nix::sys::statvfs::statvfs(path).unwrap();
-    (s.blocks() * s.fragment_size()) as i64
 }
 
 /// NodeGetVolumeStats' byte total.

@@ -35,8 +35,6 @@ use tonic::Code;
 
 /// The volumes of the kill campaign: small, so copies are quick.
 const VOLUME: i64 = 8 * MI;
-/// mkfs.xfs refuses filesystems below 300 MiB.
-const XFS_SIZE: i64 = 320 * MI;
 
 thick_and_thin!(
     lvm_killed_mid_lvcreate_and_lvremove,
@@ -385,7 +383,7 @@ impl Wrappers {
         let real = which(prog);
         let script = format!(
             r#"#!/bin/sh
-# Fault-injecting wrapper of {prog} (sanity-tests/tests/vm_faults.rs).
+# Fault-injecting wrapper of {prog} (sanity-tests/tests/vm/vm_faults.rs).
 ctl='{ctl}'
 real='{real}'
 action=

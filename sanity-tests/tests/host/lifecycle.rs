@@ -8,12 +8,6 @@ use sanity_tests::*;
 use tonic::Code;
 
 #[track_caller]
-fn assert_file(dir: &Path, name: &str, want: &[u8]) {
-    let got = fs::read(dir.join(name)).unwrap_or_else(|e| panic!("reading {name} in {dir:?}: {e}"));
-    assert_eq!(got, want, "{name} in {dir:?}");
-}
-
-#[track_caller]
 fn assert_single_mount(path: &Path) {
     let n = mounts_at(path).len();
     assert_eq!(n, 1, "{path:?} has {n} mounts");

@@ -2,7 +2,7 @@
 //!
 //! The machines' own kernel has no device-mapper, so every test here is
 //! `#[ignore]`d by a plain `cargo test`: `make test-vm` runs them inside the
-//! qemu guest (vm/README.md) with `--ignored --test-threads=1`. Each test makes
+//! qemu guest (vm/README.md) with `--include-ignored --test-threads=1`. Each test makes
 //! its own volume group on a loop device over a sparse file on the guest's
 //! tmpfs ([`LoopVg`], removed on drop even when the test fails), starts the
 //! real `localvol serve` on one LVM pool ([`LvmFx`], the fixture
@@ -30,10 +30,6 @@ const GIB: u64 = 1 << 30;
 const RESERVE: i64 = Fx::RESERVE;
 /// Thin pools offer twice their size.
 const THIN_RATIO: f64 = Fx::THIN_RATIO;
-/// LVM's default extent size: volume sizes are multiples of it.
-const EXTENT: i64 = 4 * MI;
-/// mkfs.xfs refuses filesystems below 300 MiB.
-const XFS_SIZE: i64 = 320 * MI;
 
 thick_and_thin!(
     conformance,
@@ -109,7 +105,7 @@ impl GroundTruth for Fx {
     }
 
     fn extent(&self) -> i64 {
-        EXTENT
+        Fx::EXTENT
     }
 
     #[track_caller]
@@ -198,10 +194,6 @@ fn fs_cap(fs: &str) -> csi::VolumeCapability {
     c
 }
 
-fn blk() -> csi::VolumeCapability {
-    block_cap(AccessMode::SingleNodeWriter)
-}
-
 fn sized(
     name: &str,
     required: i64,
@@ -272,24 +264,12 @@ fn fs_type_at(path: &Path) -> Option<String> {
         .find_map(|l| l.split(" - ").nth(1)?.split(' ').next().map(str::to_owned))
 }
 
-/// statvfs total bytes.
-fn fs_total(path: &Path) -> u64 {
-    let s = nix::sys::statvfs::statvfs(path).unwrap();
-    s.blocks() * s.fragment_size()
-}
-
 /// `blockdev --getsize64` (opening a bound target file opens the device).
 fn device_size(path: &Path) -> i64 {
     run_cmd("blockdev", &["--getsize64", &path_str(path)])
         .trim()
         .parse()
         .unwrap()
-}
-
-#[track_caller]
-fn assert_file(dir: &Path, name: &str, want: &[u8]) {
-    let got = fs::read(dir.join(name)).unwrap_or_else(|e| panic!("reading {name} in {dir:?}: {e}"));
-    assert!(got == want, "{name} in {dir:?}: content differs");
 }
 
 fn lvchange(vg: &LoopVg, volume_id: &str, flag: &str) {
@@ -356,7 +336,7 @@ struct Created {
 /// LVM's default extents.
 async fn empty_pool_offers_lvm_free_space(f: &Fx) -> Empty {
     let extent = f.vg.vg_sizes().2;
-    assert_eq!(extent, EXTENT, "LVM's default extent size");
+    assert_eq!(extent, Fx::EXTENT, "LVM's default extent size");
     let lvs = f.lv_names();
     let cap0 = f.d.capacity(None).await;
     assert_eq!(
@@ -1128,7 +1108,7 @@ async fn published_filesystem_grows(f: &Fx, fs: &str) {
         assert_eq!(f.lv_size(id), grown, "{fs} {round}");
         let after = fs_total(&target);
         assert!(
-            after >= before + 48 * MI as u64,
+            after >= before + 48 * MI,
             "{fs} {round}: the filesystem did not grow ({before} -> {after})"
         );
     }

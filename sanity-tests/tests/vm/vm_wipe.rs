@@ -21,13 +21,6 @@ use sanity_tests::LvmFx as Fx;
 use sanity_tests::LvmKind as Kind;
 use sanity_tests::*;
 
-/// LVM's default extent size.
-const EXTENT: i64 = 4 * MI;
-
-fn blk() -> csi::VolumeCapability {
-    block_cap(AccessMode::SingleNodeWriter)
-}
-
 fn block_req(name: &str, bytes: i64) -> csi::CreateVolumeRequest {
     csi::CreateVolumeRequest {
         name: name.to_owned(),
@@ -42,10 +35,6 @@ fn pattern(seed: u8, len: usize) -> Vec<u8> {
     (0..len)
         .map(|i| ((i.wrapping_mul(31) + seed as usize) % 255 + 1) as u8)
         .collect()
-}
-
-fn drop_caches() {
-    fs::write("/proc/sys/vm/drop_caches", "3").unwrap();
 }
 
 /// The first non-zero byte of `len` bytes from `offset` of `dev`, read in
@@ -123,7 +112,7 @@ async fn reuse_and_read(
     let mut ids = Vec::new();
     while !wanted.is_subset(&held) {
         let name = format!("{prefix}-{}", ids.len());
-        let v = match f.create(block_req(&name, extents_each * EXTENT)).await {
+        let v = match f.create(block_req(&name, extents_each * Fx::EXTENT)).await {
             Ok(v) => v,
             Err(s) => panic!(
                 "{name}: {s:?}; the pool filled before new volumes held the deleted extents \
@@ -137,7 +126,7 @@ async fn reuse_and_read(
     drop_caches();
     for id in &ids {
         let dev = f.vg.dev_path(&lv_name(id));
-        if let Some((at, b)) = first_nonzero(&dev, 0, (extents_each * EXTENT) as u64) {
+        if let Some((at, b)) = first_nonzero(&dev, 0, (extents_each * Fx::EXTENT) as u64) {
             panic!("{id} reads {b:#04x} at byte {at}: a deleted volume's data resurfaced");
         }
     }
@@ -167,7 +156,7 @@ async fn deleted_block_data_never_resurfaces() {
     require_root();
     let f = small_thick(|o| o).await;
     let d = &f.d;
-    let size = 16 * EXTENT;
+    let size = 16 * Fx::EXTENT;
     let v = must("create", f.create(block_req("tenant-a", size)).await);
     let id = v.volume_id.clone();
     let dev = f.vg.dev_path(&lv_name(&id));
@@ -204,18 +193,21 @@ async fn restore_beyond_its_snapshot_and_deleted_snapshots_read_zeroes() {
     let d = &f.d;
 
     // A tenant's data on the first 12 extents, deleted.
-    let dirty = must("create", f.create(block_req("dirty", 12 * EXTENT)).await);
+    let dirty = must(
+        "create",
+        f.create(block_req("dirty", 12 * Fx::EXTENT)).await,
+    );
     let dirty_dev = f.vg.dev_path(&lv_name(&dirty.volume_id));
-    write_at(&dirty_dev, 0, &pattern(11, (12 * EXTENT) as usize));
+    write_at(&dirty_dev, 0, &pattern(11, (12 * Fx::EXTENT) as usize));
     let dirty_extents = extents(&f.vg.vg, &lv_name(&dirty.volume_id));
     d.delete(&dirty.volume_id).await;
     f.wait_for_wipes().await;
 
     // A 2-extent source with a snapshot; then half of it is overwritten, so
     // the snapshot's copy-on-write area holds the source's old data.
-    let src = must("create", f.create(block_req("src", 2 * EXTENT)).await);
+    let src = must("create", f.create(block_req("src", 2 * Fx::EXTENT)).await);
     let src_dev = f.vg.dev_path(&lv_name(&src.volume_id));
-    let before = pattern(23, (2 * EXTENT) as usize);
+    let before = pattern(23, (2 * Fx::EXTENT) as usize);
     write_at(&src_dev, 0, &before);
     let snap = must(
         "snapshot",
@@ -231,14 +223,14 @@ async fn restore_beyond_its_snapshot_and_deleted_snapshots_read_zeroes() {
     .into_inner()
     .snapshot
     .unwrap();
-    write_at(&src_dev, 0, &pattern(31, EXTENT as usize));
+    write_at(&src_dev, 0, &pattern(31, Fx::EXTENT as usize));
     let snap_lv = format!("sn-{}", snap.snapshot_id.rsplit_once('.').unwrap().1);
     let cow_extents = extents(&f.vg.vg, &snap_lv);
 
     // Restored into 10 extents: the snapshot's 2, then 8 that must read
     // zero, on extents the deleted volume had.
     use csi::volume_content_source::{SnapshotSource, Type};
-    let mut req = block_req("restored", 10 * EXTENT);
+    let mut req = block_req("restored", 10 * Fx::EXTENT);
     req.volume_content_source = Some(csi::VolumeContentSource {
         r#type: Some(Type::Snapshot(SnapshotSource {
             snapshot_id: snap.snapshot_id.clone(),
@@ -260,7 +252,7 @@ async fn restore_beyond_its_snapshot_and_deleted_snapshots_read_zeroes() {
         read_at(&r_dev, 0, before.len()) == before,
         "the restore does not hold the snapshot's data"
     );
-    if let Some((at, b)) = first_nonzero(&r_dev, (2 * EXTENT) as u64, (8 * EXTENT) as u64) {
+    if let Some((at, b)) = first_nonzero(&r_dev, (2 * Fx::EXTENT) as u64, (8 * Fx::EXTENT) as u64) {
         panic!("the restore reads {b:#04x} at byte {at}, beyond its snapshot's data");
     }
 
@@ -301,7 +293,7 @@ async fn restore_beyond_its_snapshot_and_deleted_snapshots_read_zeroes() {
 async fn a_wipe_cut_short_by_kill_9_resumes_after_restart() {
     require_root();
     let mut f = small_thick(|o| o.wipe_rate_limit("1Mi")).await;
-    let size = 8 * EXTENT;
+    let size = 8 * Fx::EXTENT;
     let v = must("create", f.create(block_req("victim", size)).await);
     let id = v.volume_id.clone();
     let lv = lv_name(&id);

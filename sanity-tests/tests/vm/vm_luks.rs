@@ -46,11 +46,6 @@ fn secrets(key: &str) -> std::collections::HashMap<String, String> {
     params(&[(KEY_FIELD, key)])
 }
 
-fn volume_id(fx: &Fx, name: &str) -> String {
-    let key = localvol::ids::VolumeName::parse(name).unwrap().key();
-    format!("{}.{key}", fx.pool)
-}
-
 fn mapping(volume_id: &str) -> PathBuf {
     PathBuf::from(format!("/dev/mapper/localvol-{volume_id}"))
 }
@@ -111,11 +106,6 @@ async fn mount(fx: &Fx, id: &str, tag: &str, fs: &str) -> PathBuf {
     publish(fx, id, tag, fs).await
 }
 
-async fn unmount(fx: &Fx, id: &str, tag: &str) {
-    fx.d.unpublish(id, &fx.d.target_path(tag)).await;
-    fx.d.unstage(id, &fx.d.staging_path(tag)).await;
-}
-
 /// What `blkid -p` says the device holds (its TYPE), "" for nothing.
 fn blkid_type(dev: &Path) -> String {
     let out = Command::new("blkid")
@@ -124,11 +114,6 @@ fn blkid_type(dev: &Path) -> String {
         .output()
         .unwrap();
     String::from_utf8_lossy(&out.stdout).trim().to_owned()
-}
-
-fn drop_caches() {
-    nix::unistd::sync();
-    fs::write("/proc/sys/vm/drop_caches", "3").unwrap();
 }
 
 /// Whether `needle` occurs anywhere in the device's bytes (grep reads it).
@@ -280,9 +265,9 @@ async fn encrypted_filesystem_lifecycle(kind: Kind) {
     assert!(grown > size + (48 * MI) as u64, "{size} -> {grown}");
     assert_marker_file(&target, "after expansion");
 
-    unmount(&fx, &id, "a").await;
+    fx.unmount(&id, "a").await;
     assert!(!mapping(&id).exists(), "unstage left the mapping open");
-    unmount(&fx, &id, "a").await; // idempotent
+    fx.unmount(&id, "a").await; // idempotent
 
     // The driver restarts; a wrong key is refused and changes nothing.
     fx.d.restart().await;
@@ -301,7 +286,7 @@ async fn encrypted_filesystem_lifecycle(kind: Kind) {
     let target = mount(&fx, &id, "b", "").await;
     assert_marker_file(&target, "after a driver restart");
     assert!(total_bytes(&target) > size + (48 * MI) as u64);
-    unmount(&fx, &id, "b").await;
+    fx.unmount(&id, "b").await;
     must("delete", fx.delete_volume(&id).await);
     fx.assert_lv_gone(&id);
     // The key never reached the log.
@@ -348,7 +333,7 @@ async fn encrypted_raw_block(kind: Kind) {
         Code::FailedPrecondition,
     );
     assert!(mapping(&id).exists(), "{}", s.message());
-    unmount(&fx, &id, "a").await;
+    fx.unmount(&id, "a").await;
     assert!(!mapping(&id).exists());
     must("delete", fx.delete_volume(&id).await);
     fx.assert_lv_gone(&id);
@@ -366,7 +351,7 @@ async fn encrypted_snapshot_restore_and_clone(kind: Kind) {
     let src = v.volume_id;
     let target = mount(&fx, &src, "src", "").await;
     write_marker_file(&target);
-    unmount(&fx, &src, "src").await;
+    fx.unmount(&src, "src").await;
 
     let mut req = csi::CreateSnapshotRequest {
         name: "enc-snap".into(),
@@ -400,7 +385,7 @@ async fn encrypted_snapshot_restore_and_clone(kind: Kind) {
         Code::InvalidArgument,
     );
     assert!(s.message().contains("encrypt"), "{}", s.message());
-    assert!(fx.lv(&volume_id(&fx, "plain-restore")).is_none());
+    assert!(fx.lv(&fx.volume_id("plain-restore")).is_none());
 
     let restored = must(
         "restore",
@@ -428,7 +413,7 @@ async fn encrypted_snapshot_restore_and_clone(kind: Kind) {
         let t = mount(&fx, id, tag, "").await;
         assert_marker_file(&t, tag);
         assert_ciphertext_only(&fx, id);
-        unmount(&fx, id, tag).await;
+        fx.unmount(id, tag).await;
         must("delete", fx.delete_volume(id).await);
     }
     ok(
