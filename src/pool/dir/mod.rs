@@ -207,6 +207,26 @@ impl DirPool {
         })
     }
 
+    /// The record of a volume a create is making.
+    fn new_volume(&self, req: &CreateRequest, size: u64, project_id: Option<u32>) -> Volume {
+        Volume {
+            version: RECORD_VERSION,
+            id: req.id.to_string(),
+            name: req.name.as_str().to_owned(),
+            pool: self.name.to_string(),
+            size_bytes: size,
+            access_type: req.access_type,
+            created_unix: now_unix(),
+            parameters: req.parameters.clone(),
+            project_id,
+            inode_limit: req.inode_limit,
+            grow_filesystem: false,
+            unformatted: false,
+            inactive: false,
+            encryption: None,
+        }
+    }
+
     /// Why sizes are not enforced, or None when project quotas enforce them.
     #[cfg(test)]
     fn unenforced_reason(&self) -> Option<&str> {
@@ -371,26 +391,10 @@ impl Pool for DirPool {
         let what = format!("volume {}", req.name.as_str());
         let data = self.data_dir(&key);
         let record = self.record_path(&key);
-        let volume = |project_id: Option<u32>| Volume {
-            version: RECORD_VERSION,
-            id: req.id.to_string(),
-            name: req.name.as_str().to_owned(),
-            pool: self.name.to_string(),
-            size_bytes: size,
-            access_type: req.access_type,
-            created_unix: now_unix(),
-            parameters: req.parameters.clone(),
-            project_id,
-            inode_limit: req.inode_limit,
-            grow_filesystem: false,
-            unformatted: false,
-            inactive: false,
-            encryption: None,
-        };
         for _ in 0..PROJECT_TRIES {
             let space = self.space().await?;
             let candidate = self.reserve_space(&key, size, &space, &what)?;
-            let vol = volume(candidate);
+            let vol = self.new_volume(req, size, candidate);
             let (d, q, state) = (data.clone(), self.quotas.clone(), self.state.clone());
             let (record, rec) = (record.clone(), vol.clone());
             let inodes = req.inode_limit.unwrap_or(0);

@@ -9,7 +9,12 @@
 //! already there (a retry, or a crash mid-create) recognises it by those tags
 //! instead of making a second one.
 //!
-//! - this file: the pool, its [`Pool`] implementation and the create path;
+//! - this file: the pool and its [`Pool`] implementation;
+//! - `create`: a new, empty volume's size, room and `lvcreate`;
+//! - `delete`: what a delete refuses (in use, snapshots depend on it);
+//! - `node`: its [`super::NodeSide`] (source, activation, usage, condition
+//!   from device-mapper);
+//! - `snapshots`: its [`Snapshots`] (COW and thin snapshots);
 //! - `tags`: the tag schema (which LVs are which of this pool's volumes and
 //!   snapshots);
 //! - `args`: `lvcreate` arguments (through `lvm::lvcreate_args`);
@@ -29,9 +34,8 @@ use std::sync::{Arc, Mutex};
 use async_trait::async_trait;
 
 use super::{
-    AccessType, Capacity, CapacityRange, CreateRequest, Encrypted, Expanded, Health, NodeSide,
-    Pool, PoolError, Result, Snapshot, SnapshotRequest, Snapshots, Source, ThinUsage, Usage,
-    Volume, Wipes,
+    AccessType, Capacity, CapacityRange, CreateRequest, Expanded, Health, Pool, PoolError, Result,
+    Snapshots, ThinUsage, Volume, Wipes,
 };
 use crate::blockdev::FsType;
 use crate::config::{LvmPoolConfig, DEFAULT_THIN_FULL_PERCENT, DEFAULT_VOLUME_SIZE};
@@ -41,13 +45,18 @@ use crate::lvm::{self, LvInfo, LvmError, NewLv};
 
 mod args;
 mod capacity;
+mod create;
+mod delete;
 mod health;
 mod index;
+mod node;
 mod restore;
+mod snapshots;
 mod tags;
 mod wipe;
 
 use capacity::*;
+use create::Sized;
 use health::{HealthCache, HEALTH_TTL};
 use index::LvIndex;
 use restore::*;
@@ -474,42 +483,6 @@ impl LvmPool {
     }
 }
 
-/// A volume's condition from device-mapper alone: `Some(None)` healthy (its
-/// mapping is there, and a thin volume's pool serves below `full` percent),
-/// `Some(Some(why))` abnormal, `None` when it cannot tell (no mapping, or not
-/// one lvm made: the LV is inactive or gone, which lvs tells apart).
-fn dm_condition(vg: &str, lv: &str, thin: Option<&str>, full: f64) -> Option<Option<String>> {
-    let st = crate::dm::status(&crate::dm::lv_name(vg, lv)).ok()??;
-    if !st.is_lvm() {
-        return None;
-    }
-    if st.targets.iter().any(|t| t.status == "Fail") {
-        return Some(Some(format!("LV {vg}/{lv} has failed (device-mapper)")));
-    }
-    let Some(thin) = thin else {
-        return Some(None);
-    };
-    let (_, pool) = crate::dm::thin_pool(vg, thin).ok()??;
-    if pool.data_percent >= full || pool.metadata_percent >= full {
-        return Some(Some(format!(
-            "thin pool {vg}/{thin} is nearly full (data {:.1}%, metadata {:.1}%; threshold {full}%)",
-            pool.data_percent, pool.metadata_percent
-        )));
-    }
-    if !pool.serving() {
-        return Some(Some(format!(
-            "thin pool {vg}/{thin} is {}{} (device-mapper)",
-            pool.mode,
-            if pool.needs_check {
-                ", needs_check"
-            } else {
-                ""
-            }
-        )));
-    }
-    Some(None)
-}
-
 /// Whether an LV is what a cut-short `lvcreate` of a new, empty volume
 /// left: a raw block volume's LV still tagged `creating`, or a mount
 /// volume's LV that is still `unformatted` (never staged, so never written)
@@ -578,94 +551,14 @@ impl Pool for LvmPool {
         }
         let _alloc = self.alloc.lock().await;
         let what = format!("volume {}", req.name.as_str());
-        // Thin pools (the overprovision ratio is ours to keep) and pools with
-        // a reserve or an overhead check the room first, from one `lvs` of
-        // the VG that also says whether the LV exists. A thick pool without
-        // either leaves the check to lvcreate, which refuses what does not
-        // fit (classified below), and learns of an LV the index misses from
-        // lvcreate's "already exists".
-        //
-        // A thin pool whose index knows the sizes its thin LVs promise
-        // checks the room without lvm: the thin pool's size and usage from
-        // its device-mapper status, the promises from the index (see
-        // `index.rs`); an LV of that name already promised (a retry the
-        // index missed) takes the `lvs` path.
-        let checked = self.thin.is_some() || self.reserve > 0 || self.overhead != 1.0;
-        let quick = match checked {
-            true => self.thin_room_without_lvs(&name).await,
-            false => None,
+        let (size, checked) = match self.size_new(req, &name, &what).await? {
+            Sized::Existing(vol) => return Ok(vol),
+            Sized::New { size, checked } => (size, checked),
         };
-        let size = if let Some((ever, now)) = quick {
-            let size = size_in_extents(req.range, self.default_size, self.cached_extent())?;
-            self.check_room(size, ever, now, &what)?;
-            size
-        } else if checked {
-            let epoch = self.index.epoch();
-            let (all, vg) = lvm::lvs_and_vg(&self.vg).await?;
-            self.index.replace(epoch, &all);
-            self.set_extent(&vg);
-            if let Some(lv) = all.iter().find(|l| l.name == name).cloned() {
-                if let Some(vol) = self.existing(req, lv).await? {
-                    return Ok(vol);
-                }
-            }
-            let size = size_in_extents(req.range, self.default_size, vg.extent_size.max(512))?;
-            let (ever, now) = self.limits_with(&vg, &all)?;
-            self.check_room(size, ever, now, &what)?;
-            size
-        } else {
-            size_in_extents(req.range, self.default_size, self.cached_extent())?
-        };
-        match lvm::change(self.create_args(req, size)).await {
-            Ok(()) => {}
-            Err(LvmError::AlreadyExists(_)) => {
-                // A create cut short earlier (or still finishing) made it.
-                if let Some(lv) = self.lookup(&req.id.key).await? {
-                    if let Some(vol) = self.existing(req, lv).await? {
-                        return Ok(vol);
-                    }
-                }
-                // It could not be finished and was removed: make it now.
-                lvm::change(self.create_args(req, size)).await?;
-            }
-            Err(LvmError::InsufficientSpace(why)) if !checked => {
-                // Answer as the check would have: too large for the pool
-                // ever, or not now.
-                let vg = lvm::vg(&self.vg).await?;
-                self.set_extent(&vg);
-                let (ever, now) = self.limits_in(&vg).await?;
-                self.check_room(size, ever, now, &what)?;
-                return Err(LvmError::InsufficientSpace(why).into());
-            }
-            Err(e) => return Err(e.into()),
+        if let Some(vol) = self.lvcreate_new(req, size, checked, &what).await? {
+            return Ok(vol);
         }
-        let mut lv = if self.options.is_empty() {
-            // Exactly what this lvcreate made (lvcreateOptions such as
-            // stripes may round the size: those are read back).
-            self.just_created(req, size)
-        } else {
-            self.lookup(&req.id.key).await?.ok_or_else(|| {
-                PoolError::Inconsistent(format!(
-                    "lvcreate succeeded but {}/{name} is missing",
-                    self.vg
-                ))
-            })?
-        };
-        if lv.has_tag(TAG_CREATING) {
-            // A raw block volume: lvcreate activated and wiped it; only the
-            // tag goes. (Mount volumes carry `unformatted` instead, which
-            // NodeStage removes; see `create_tags`.)
-            self.finish_create(&lv, false).await?;
-            lv.tags.retain(|t| t != TAG_CREATING);
-        }
-        if lv.is_active() {
-            self.index.put(lv.clone());
-            self.index.promise(&lv.name, lv.size);
-        } else {
-            self.index.forget(&lv.name);
-        }
-        let vol = self.to_volume(&lv).ok_or_else(|| self.not_ours(&lv.name))?;
-        super::matches_request(vol, req, false)
+        self.created(req, size).await
     }
 
     async fn delete(&self, id: &VolumeId) -> Result<()> {
@@ -702,82 +595,9 @@ impl Pool for LvmPool {
                 kind: "volume",
             });
         }
-        let mut lv = lv;
-        if lv.open && encryption_of(&lv).is_some() {
-            // Its mapping holds the LV open. One left open by a driver that
-            // was killed (nothing mounted, no node bound, no process) is
-            // closed; one in use stays, and so does the volume.
-            let name = crypt::mapping_name(&id.to_string());
-            let n = name.clone();
-            let mapped = crate::error::blocking(move || crypt::mapped_device(&n)).await?;
-            if mapped.is_some() {
-                crypt::close(&name).await.map_err(|e| PoolError::InUse {
-                    volume: id.to_string(),
-                    why: format!("is open as {name}: {e}; unpublish and unstage it first"),
-                })?;
-                tracing::info!(volume = %id, mapping = name, "closed a mapping left open");
-                lv = self.lookup(&id.key).await?.unwrap_or(lv);
-            }
-        }
-        if lv.open {
-            return Err(PoolError::InUse {
-                volume: id.to_string(),
-                why: format!(
-                    "({}) is in use (mounted or open); unpublish and unstage it first",
-                    lv.path
-                ),
-            });
-        }
-        // A published raw block volume is a bind of its device node, which
-        // does not open the device: look for it in the mount table.
-        let dev = PathBuf::from(format!("/dev/{}", self.lv_path(&lv.name)));
-        let bound = crate::error::blocking(move || {
-            let table = crate::mount::MountTable::read()?;
-            match crate::mount::locate_device_node(&table, &dev) {
-                Ok(loc) => Ok(table.mounts_of(&loc).next().map(|m| m.mount_point.clone())),
-                // Not active: no device node to bind.
-                Err(crate::mount::MountError::DeviceMissing { .. }) => Ok(None),
-                Err(e) => Err(e),
-            }
-        })
-        .await?;
-        if let Some(at) = bound {
-            return Err(PoolError::InUse {
-                volume: id.to_string(),
-                why: format!("is published at {at:?}; unpublish it first"),
-            });
-        }
-        let (wiping, dependants): (Vec<&LvInfo>, Vec<&LvInfo>) = all
-            .iter()
-            .flatten()
-            .filter(|l| l.is_cow_snapshot() && l.origin == lv.name)
-            .partition(|l| wipe::is_wiping(l));
-        let dependants: Vec<String> = dependants.iter().map(|l| l.name.clone()).collect();
-        if dependants.is_empty() {
-            for w in wiping {
-                // A snapshot deleted moments ago stays a COW snapshot of
-                // this origin until the wiper splits it (csi-sanity deletes
-                // a snapshot, then its origin, at once): split it here; the
-                // wiper zeroes it as a plain LV. It may have split it itself
-                // meanwhile.
-                let path = self.lv_path(&w.name);
-                if let Err(e) = lvm::split_snapshot(&path).await {
-                    let now = lvm::lv(&self.vg, &w.name).await?;
-                    if now.is_some_and(|l| l.is_cow_snapshot()) {
-                        return Err(e.into());
-                    }
-                }
-            }
-        }
-        if !dependants.is_empty() {
-            return Err(PoolError::InUse {
-                volume: id.to_string(),
-                why: format!(
-                    "still has snapshots ({}); delete them first",
-                    dependants.join(", ")
-                ),
-            });
-        }
+        let lv = self.refuse_if_in_use(id, lv).await?;
+        self.refuse_if_snapshotted(id, &lv, all.as_deref().unwrap_or_default())
+            .await?;
         self.retire(&lv).await
     }
 
@@ -851,237 +671,6 @@ impl Pool for LvmPool {
             data_percent: pool.data_percent.unwrap_or(0.0),
             metadata_percent: pool.metadata_percent.unwrap_or(0.0),
         }))
-    }
-}
-
-#[async_trait]
-impl NodeSide for LvmPool {
-    fn default_fs_type(&self) -> Option<FsType> {
-        Some(self.default_fs)
-    }
-
-    fn source(&self, vol: &Volume) -> Result<Source> {
-        let key = vol
-            .id
-            .rsplit_once('.')
-            .and_then(|(_, k)| VolumeKey::parse(k))
-            .ok_or_else(|| PoolError::Inconsistent(format!("malformed volume id {:?}", vol.id)))?;
-        if vol.encryption.is_some() {
-            // What is mounted, bound and grown is the opened mapping.
-            return Ok(Source::Device(crypt::mapping_path(&crypt::mapping_name(
-                &vol.id,
-            ))));
-        }
-        Ok(Source::Device(PathBuf::from(format!(
-            "/dev/{}/{}",
-            self.vg,
-            lv_name(&key)
-        ))))
-    }
-
-    async fn usage(&self, vol: &Volume) -> Result<Option<Usage>> {
-        if vol.access_type != AccessType::Block {
-            return Ok(None);
-        }
-        Ok(Some(Usage {
-            total_bytes: vol.size_bytes,
-            ..Usage::default()
-        }))
-    }
-
-    fn device_of(&self, id: &VolumeId) -> Option<PathBuf> {
-        Some(PathBuf::from(format!(
-            "/dev/{}",
-            self.lv_path(&lv_name(&id.key))
-        )))
-    }
-
-    fn mapping_of(&self, id: &VolumeId) -> Option<String> {
-        Some(crypt::mapping_name(&id.to_string()))
-    }
-
-    fn encrypted(&self, vol: &Volume) -> Result<Option<Encrypted>> {
-        if vol.encryption.is_none() {
-            return Ok(None);
-        }
-        let key = volume_key(vol)?;
-        Ok(Some(Encrypted {
-            backing: PathBuf::from(format!("/dev/{}", self.lv_path(&lv_name(&key)))),
-            mapping: crypt::mapping_name(&vol.id),
-        }))
-    }
-
-    async fn activate(&self, vol: &Volume) -> Result<()> {
-        let key = volume_key(vol)?;
-        self.activate_lv(&lv_name(&key)).await?;
-        tracing::info!(volume = %vol.id, "activated the volume's LV");
-        Ok(())
-    }
-
-    async fn filesystem_grown(&self, vol: &Volume) -> Result<()> {
-        let key = volume_key(vol)?;
-        lvm::delete_tag(&self.lv_path(&lv_name(&key)), TAG_GROW).await?;
-        self.index.forget(&lv_name(&key));
-        Ok(())
-    }
-
-    async fn filesystem_made(&self, vol: &Volume) -> Result<()> {
-        let name = lv_name(&volume_key(vol)?);
-        let done = lvm::delete_tag(&self.lv_path(&name), TAG_UNFORMATTED).await;
-        // NodeStage erases a volume the index says is `unformatted`, so the
-        // entry must never keep a tag lvm no longer has: mirror the change,
-        // or (lvchange failed, and may have committed) forget the entry.
-        match (&done, self.index.get(&name)) {
-            (Ok(()), Some(mut lv)) => {
-                lv.tags.retain(|t| t != TAG_UNFORMATTED);
-                self.index.put(lv);
-            }
-            _ => self.index.forget(&name),
-        }
-        done?;
-        Ok(())
-    }
-
-    async fn condition(&self, vol: &Volume) -> Result<Option<String>> {
-        let Some((_, key)) = vol.id.rsplit_once('.') else {
-            return Ok(None);
-        };
-        let Some(key) = VolumeKey::parse(key) else {
-            return Ok(None);
-        };
-        // The condition is the LV's state now, never the index's: first as
-        // device-mapper has it (no process: kubelet asks about every volume
-        // every minute); lvs only when that cannot tell (no mapping).
-        let (vg, name, thin) = (self.vg.clone(), lv_name(&key), self.thin.clone());
-        let full = self.full_percent;
-        let from_dm = crate::error::blocking(move || {
-            Ok::<_, crate::error::IoError>(dm_condition(&vg, &name, thin.as_deref(), full))
-        })
-        .await;
-        if let Ok(Some(answer)) = from_dm {
-            return Ok(answer);
-        }
-        let Some(lv) = self.lookup(&key).await? else {
-            return Ok(Some(format!("LV {}/{} is missing", self.vg, lv_name(&key))));
-        };
-        if !lv.is_active() {
-            return Ok(Some(format!("LV {}/{} is not active", self.vg, lv.name)));
-        }
-        if let Some(thin) = &self.thin {
-            if let Some(pool) = lvm::lv(&self.vg, thin).await? {
-                if pool.data_percent.unwrap_or(0.0) >= self.full_percent
-                    || pool.metadata_percent.unwrap_or(0.0) >= self.full_percent
-                {
-                    return Ok(Some(format!(
-                        "thin pool {}/{thin} is nearly full (data {:.1}%, metadata {:.1}%; threshold {}%)",
-                        self.vg,
-                        pool.data_percent.unwrap_or(0.0),
-                        pool.metadata_percent.unwrap_or(0.0),
-                        self.full_percent
-                    )));
-                }
-            }
-        }
-        Ok(None)
-    }
-}
-
-#[async_trait]
-impl Snapshots for LvmPool {
-    async fn create_snapshot(&self, req: &SnapshotRequest) -> Result<Snapshot> {
-        let name = snap_lv_name(&req.id.key);
-        if let Some(lv) = lvm::lv(&self.vg, &name).await? {
-            let snap = self.to_snapshot(&lv).ok_or_else(|| self.not_ours(&name))?;
-            if snap.name != req.name.as_str() || snap.source_volume_id != req.source.to_string() {
-                return Err(PoolError::Mismatch {
-                    name: req.name.as_str().to_owned(),
-                    why: format!(
-                        "it is a snapshot of another source volume ({})",
-                        snap.source_volume_id
-                    ),
-                });
-            }
-            return Ok(snap);
-        }
-        let src = self
-            .lookup(&req.source.key)
-            .await?
-            .filter(|l| self.to_volume(l).is_some())
-            .ok_or_else(|| PoolError::SourceNotFound(req.source.to_string()))?;
-        let access = self
-            .to_volume(&src)
-            .map_or(AccessType::Mount, |v| v.access_type);
-        let mut tags = self.tags("snapshot", req.name.as_str(), access);
-        tags.extend(encryption_tag(encryption_of(&src)));
-        tags.push(format!("{TAG_SOURCE}={}", req.source));
-        tags.push(format!("{TAG_SIZE}={}", src.size));
-        let _alloc = self.alloc.lock().await;
-        let mut cow_size = None;
-        if self.thin.is_none() {
-            // A COW snapshot needs space for the changes made to its origin.
-            let cow = req.cow_size.unwrap_or(src.size);
-            let (ever, now) = self.limits().await?;
-            self.check_room(cow, ever, now, &format!("snapshot {}", req.name.as_str()))?;
-            cow_size = Some(cow);
-        }
-        let what = NewLv::Snapshot {
-            origin: &src.name,
-            cow_size,
-        };
-        let args = lvm::lvcreate_args(&self.vg, &name, &tags, what);
-        self.index.unknown_promises();
-        match lvm::change(args).await {
-            Ok(()) | Err(LvmError::AlreadyExists(_)) => {}
-            Err(e) => return Err(e.into()),
-        }
-        let lv = lvm::lv(&self.vg, &name).await?.ok_or_else(|| {
-            PoolError::Inconsistent(format!(
-                "snapshot LV {} missing after lvcreate",
-                self.lv_path(&name)
-            ))
-        })?;
-        self.to_snapshot(&lv).ok_or_else(|| {
-            PoolError::Inconsistent(format!(
-                "snapshot LV {} has unexpected tags",
-                self.lv_path(&name)
-            ))
-        })
-    }
-
-    async fn delete_snapshot(&self, id: &VolumeId) -> Result<()> {
-        let name = snap_lv_name(&id.key);
-        let Some(lv) = lvm::lv(&self.vg, &name).await? else {
-            return Ok(());
-        };
-        if self.to_snapshot(&lv).is_none() {
-            return Err(PoolError::ForeignLv {
-                path: self.lv_path(&name),
-                kind: "snapshot",
-            });
-        }
-        if lv.open {
-            // A thick restore or clone copying from it (lvremove would
-            // refuse too; a renamed snapshot would be split under the copy).
-            return Err(PoolError::InUse {
-                volume: id.to_string(),
-                why: format!("(snapshot LV {}) is open; retry later", lv.path),
-            });
-        }
-        self.retire(&lv).await
-    }
-
-    async fn get_snapshot(&self, id: &VolumeId) -> Result<Option<Snapshot>> {
-        Ok(lvm::lv(&self.vg, &snap_lv_name(&id.key))
-            .await?
-            .and_then(|lv| self.to_snapshot(&lv)))
-    }
-
-    async fn list_snapshots(&self) -> Result<Vec<Snapshot>> {
-        Ok(lvm::lvs(&self.vg)
-            .await?
-            .iter()
-            .filter_map(|lv| self.to_snapshot(lv))
-            .collect())
     }
 }
 

@@ -4,7 +4,7 @@
 
 use super::*;
 use crate::ids::VolumeName;
-use crate::pool::Encryption;
+use crate::pool::{Encrypted, Encryption, NodeSide, Source};
 
 const MI: u64 = 1 << 20;
 /// Recorded in the VM: a thin pool, a thin LV and a thin snapshot of it.

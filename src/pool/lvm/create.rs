@@ -1,0 +1,136 @@
+//! The create path of a new, empty volume: its size and room, the
+//! `lvcreate`, and the volume it made.
+
+use super::super::{CreateRequest, PoolError, Result, Volume};
+use super::*;
+
+impl LvmPool {
+    /// The size of a new volume, its room checked where the pool checks
+    /// (`checked`), or the volume when the `lvs` the check ran finds it
+    /// already made (a retry the index missed).
+    pub(super) async fn size_new(
+        &self,
+        req: &CreateRequest,
+        name: &str,
+        what: &str,
+    ) -> Result<Sized> {
+        // Thin pools (the overprovision ratio is ours to keep) and pools with
+        // a reserve or an overhead check the room first, from one `lvs` of
+        // the VG that also says whether the LV exists. A thick pool without
+        // either leaves the check to lvcreate, which refuses what does not
+        // fit (classified below), and learns of an LV the index misses from
+        // lvcreate's "already exists".
+        //
+        // A thin pool whose index knows the sizes its thin LVs promise
+        // checks the room without lvm: the thin pool's size and usage from
+        // its device-mapper status, the promises from the index (see
+        // `index.rs`); an LV of that name already promised (a retry the
+        // index missed) takes the `lvs` path.
+        let checked = self.thin.is_some() || self.reserve > 0 || self.overhead != 1.0;
+        let quick = match checked {
+            true => self.thin_room_without_lvs(name).await,
+            false => None,
+        };
+        let size = if let Some((ever, now)) = quick {
+            let size = size_in_extents(req.range, self.default_size, self.cached_extent())?;
+            self.check_room(size, ever, now, what)?;
+            size
+        } else if checked {
+            let epoch = self.index.epoch();
+            let (all, vg) = lvm::lvs_and_vg(&self.vg).await?;
+            self.index.replace(epoch, &all);
+            self.set_extent(&vg);
+            if let Some(lv) = all.iter().find(|l| l.name == name).cloned() {
+                if let Some(vol) = self.existing(req, lv).await? {
+                    return Ok(Sized::Existing(vol));
+                }
+            }
+            let size = size_in_extents(req.range, self.default_size, vg.extent_size.max(512))?;
+            let (ever, now) = self.limits_with(&vg, &all)?;
+            self.check_room(size, ever, now, what)?;
+            size
+        } else {
+            size_in_extents(req.range, self.default_size, self.cached_extent())?
+        };
+        Ok(Sized::New { size, checked })
+    }
+
+    /// Runs the `lvcreate` of a new volume. Some(volume): an earlier create
+    /// cut short (or still finishing) had made it. Not enough space where
+    /// the room was not checked first is answered as the check would have.
+    pub(super) async fn lvcreate_new(
+        &self,
+        req: &CreateRequest,
+        size: u64,
+        checked: bool,
+        what: &str,
+    ) -> Result<Option<Volume>> {
+        match lvm::change(self.create_args(req, size)).await {
+            Ok(()) => {}
+            Err(LvmError::AlreadyExists(_)) => {
+                // A create cut short earlier (or still finishing) made it.
+                if let Some(lv) = self.lookup(&req.id.key).await? {
+                    if let Some(vol) = self.existing(req, lv).await? {
+                        return Ok(Some(vol));
+                    }
+                }
+                // It could not be finished and was removed: make it now.
+                lvm::change(self.create_args(req, size)).await?;
+            }
+            Err(LvmError::InsufficientSpace(why)) if !checked => {
+                // Answer as the check would have: too large for the pool
+                // ever, or not now.
+                let vg = lvm::vg(&self.vg).await?;
+                self.set_extent(&vg);
+                let (ever, now) = self.limits_in(&vg).await?;
+                self.check_room(size, ever, now, what)?;
+                return Err(LvmError::InsufficientSpace(why).into());
+            }
+            Err(e) => return Err(e.into()),
+        }
+        Ok(None)
+    }
+
+    /// The volume an `lvcreate` just made, finished (a raw block volume's
+    /// `creating` tag removed) and in the index.
+    pub(super) async fn created(&self, req: &CreateRequest, size: u64) -> Result<Volume> {
+        let name = lv_name(&req.id.key);
+        let mut lv = if self.options.is_empty() {
+            // Exactly what this lvcreate made (lvcreateOptions such as
+            // stripes may round the size: those are read back).
+            self.just_created(req, size)
+        } else {
+            self.lookup(&req.id.key).await?.ok_or_else(|| {
+                PoolError::Inconsistent(format!(
+                    "lvcreate succeeded but {}/{name} is missing",
+                    self.vg
+                ))
+            })?
+        };
+        if lv.has_tag(TAG_CREATING) {
+            // A raw block volume: lvcreate activated and wiped it; only the
+            // tag goes. (Mount volumes carry `unformatted` instead, which
+            // NodeStage removes; see `create_tags`.)
+            self.finish_create(&lv, false).await?;
+            lv.tags.retain(|t| t != TAG_CREATING);
+        }
+        if lv.is_active() {
+            self.index.put(lv.clone());
+            self.index.promise(&lv.name, lv.size);
+        } else {
+            self.index.forget(&lv.name);
+        }
+        let vol = self.to_volume(&lv).ok_or_else(|| self.not_ours(&lv.name))?;
+        super::super::matches_request(vol, req, false)
+    }
+}
+
+/// What sizing a new volume found.
+pub(super) enum Sized {
+    /// The volume exists already (the request's repeat).
+    Existing(Volume),
+    New {
+        size: u64,
+        checked: bool,
+    },
+}

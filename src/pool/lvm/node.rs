@@ -1,0 +1,181 @@
+//! An LVM pool's node side: where a volume is (its LV, or its open
+//! mapping when encrypted), activation, the marks NodeStage clears, usage,
+//! and the volume's condition from device-mapper's state (no `lvm` run for a
+//! healthy volume).
+
+use std::path::PathBuf;
+
+use async_trait::async_trait;
+
+use super::super::{Encrypted, NodeSide, Result, Source, Usage, Volume};
+use super::*;
+use crate::blockdev::FsType;
+use crate::ids::VolumeId;
+
+#[async_trait]
+impl NodeSide for LvmPool {
+    fn default_fs_type(&self) -> Option<FsType> {
+        Some(self.default_fs)
+    }
+
+    fn source(&self, vol: &Volume) -> Result<Source> {
+        let key = vol
+            .id
+            .rsplit_once('.')
+            .and_then(|(_, k)| VolumeKey::parse(k))
+            .ok_or_else(|| PoolError::Inconsistent(format!("malformed volume id {:?}", vol.id)))?;
+        if vol.encryption.is_some() {
+            // What is mounted, bound and grown is the opened mapping.
+            return Ok(Source::Device(crypt::mapping_path(&crypt::mapping_name(
+                &vol.id,
+            ))));
+        }
+        Ok(Source::Device(PathBuf::from(format!(
+            "/dev/{}/{}",
+            self.vg,
+            lv_name(&key)
+        ))))
+    }
+
+    async fn usage(&self, vol: &Volume) -> Result<Option<Usage>> {
+        if vol.access_type != AccessType::Block {
+            return Ok(None);
+        }
+        Ok(Some(Usage {
+            total_bytes: vol.size_bytes,
+            ..Usage::default()
+        }))
+    }
+
+    fn device_of(&self, id: &VolumeId) -> Option<PathBuf> {
+        Some(PathBuf::from(format!(
+            "/dev/{}",
+            self.lv_path(&lv_name(&id.key))
+        )))
+    }
+
+    fn mapping_of(&self, id: &VolumeId) -> Option<String> {
+        Some(crypt::mapping_name(&id.to_string()))
+    }
+
+    fn encrypted(&self, vol: &Volume) -> Result<Option<Encrypted>> {
+        if vol.encryption.is_none() {
+            return Ok(None);
+        }
+        let key = volume_key(vol)?;
+        Ok(Some(Encrypted {
+            backing: PathBuf::from(format!("/dev/{}", self.lv_path(&lv_name(&key)))),
+            mapping: crypt::mapping_name(&vol.id),
+        }))
+    }
+
+    async fn activate(&self, vol: &Volume) -> Result<()> {
+        let key = volume_key(vol)?;
+        self.activate_lv(&lv_name(&key)).await?;
+        tracing::info!(volume = %vol.id, "activated the volume's LV");
+        Ok(())
+    }
+
+    async fn filesystem_grown(&self, vol: &Volume) -> Result<()> {
+        let key = volume_key(vol)?;
+        lvm::delete_tag(&self.lv_path(&lv_name(&key)), TAG_GROW).await?;
+        self.index.forget(&lv_name(&key));
+        Ok(())
+    }
+
+    async fn filesystem_made(&self, vol: &Volume) -> Result<()> {
+        let name = lv_name(&volume_key(vol)?);
+        let done = lvm::delete_tag(&self.lv_path(&name), TAG_UNFORMATTED).await;
+        // NodeStage erases a volume the index says is `unformatted`, so the
+        // entry must never keep a tag lvm no longer has: mirror the change,
+        // or (lvchange failed, and may have committed) forget the entry.
+        match (&done, self.index.get(&name)) {
+            (Ok(()), Some(mut lv)) => {
+                lv.tags.retain(|t| t != TAG_UNFORMATTED);
+                self.index.put(lv);
+            }
+            _ => self.index.forget(&name),
+        }
+        done?;
+        Ok(())
+    }
+
+    async fn condition(&self, vol: &Volume) -> Result<Option<String>> {
+        let Some((_, key)) = vol.id.rsplit_once('.') else {
+            return Ok(None);
+        };
+        let Some(key) = VolumeKey::parse(key) else {
+            return Ok(None);
+        };
+        // The condition is the LV's state now, never the index's: first as
+        // device-mapper has it (no process: kubelet asks about every volume
+        // every minute); lvs only when that cannot tell (no mapping).
+        let (vg, name, thin) = (self.vg.clone(), lv_name(&key), self.thin.clone());
+        let full = self.full_percent;
+        let from_dm = crate::error::blocking(move || {
+            Ok::<_, crate::error::IoError>(dm_condition(&vg, &name, thin.as_deref(), full))
+        })
+        .await;
+        if let Ok(Some(answer)) = from_dm {
+            return Ok(answer);
+        }
+        let Some(lv) = self.lookup(&key).await? else {
+            return Ok(Some(format!("LV {}/{} is missing", self.vg, lv_name(&key))));
+        };
+        if !lv.is_active() {
+            return Ok(Some(format!("LV {}/{} is not active", self.vg, lv.name)));
+        }
+        if let Some(thin) = &self.thin {
+            if let Some(pool) = lvm::lv(&self.vg, thin).await? {
+                if pool.data_percent.unwrap_or(0.0) >= self.full_percent
+                    || pool.metadata_percent.unwrap_or(0.0) >= self.full_percent
+                {
+                    return Ok(Some(format!(
+                        "thin pool {}/{thin} is nearly full (data {:.1}%, metadata {:.1}%; threshold {}%)",
+                        self.vg,
+                        pool.data_percent.unwrap_or(0.0),
+                        pool.metadata_percent.unwrap_or(0.0),
+                        self.full_percent
+                    )));
+                }
+            }
+        }
+        Ok(None)
+    }
+}
+
+/// A volume's condition from device-mapper alone: `Some(None)` healthy (its
+/// mapping is there, and a thin volume's pool serves below `full` percent),
+/// `Some(Some(why))` abnormal, `None` when it cannot tell (no mapping, or not
+/// one lvm made: the LV is inactive or gone, which lvs tells apart).
+fn dm_condition(vg: &str, lv: &str, thin: Option<&str>, full: f64) -> Option<Option<String>> {
+    let st = crate::dm::status(&crate::dm::lv_name(vg, lv)).ok()??;
+    if !st.is_lvm() {
+        return None;
+    }
+    if st.targets.iter().any(|t| t.status == "Fail") {
+        return Some(Some(format!("LV {vg}/{lv} has failed (device-mapper)")));
+    }
+    let Some(thin) = thin else {
+        return Some(None);
+    };
+    let (_, pool) = crate::dm::thin_pool(vg, thin).ok()??;
+    if pool.data_percent >= full || pool.metadata_percent >= full {
+        return Some(Some(format!(
+            "thin pool {vg}/{thin} is nearly full (data {:.1}%, metadata {:.1}%; threshold {full}%)",
+            pool.data_percent, pool.metadata_percent
+        )));
+    }
+    if !pool.serving() {
+        return Some(Some(format!(
+            "thin pool {vg}/{thin} is {}{} (device-mapper)",
+            pool.mode,
+            if pool.needs_check {
+                ", needs_check"
+            } else {
+                ""
+            }
+        )));
+    }
+    Some(None)
+}
