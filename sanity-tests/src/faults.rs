@@ -196,22 +196,9 @@ impl Client {
                     self.worker, self.step_deadline
                 ));
             }
-            let csi = match &self.csi {
-                Some(c) => c.clone(),
-                None => {
-                    match tokio::time::timeout(Duration::from_secs(2), Csi::connect(&self.endpoint))
-                        .await
-                    {
-                        Ok(Ok(c)) => {
-                            self.csi = Some(c.clone());
-                            c
-                        }
-                        _ => {
-                            tokio::time::sleep(Duration::from_millis(10)).await;
-                            continue;
-                        }
-                    }
-                }
+            let Some(csi) = self.connection().await else {
+                tokio::time::sleep(Duration::from_millis(10)).await;
+                continue;
             };
             self.counters.in_flight.fetch_add(1, Ordering::SeqCst);
             let res = match tokio::time::timeout(self.rpc_timeout, f(csi)).await {
@@ -234,15 +221,7 @@ impl Client {
                 Err(s) if retryable(&s) => {
                     self.counters.retries.fetch_add(1, Ordering::Relaxed);
                     if start.elapsed() > Duration::from_secs(60) {
-                        let line = format!(
-                            "worker {}: {what}: still retrying after {:.1?}: {:?}: {}",
-                            self.worker,
-                            start.elapsed(),
-                            s.code(),
-                            s.message()
-                        );
-                        eprintln!("{line}");
-                        progress_note(&line);
+                        self.note_still_retrying(what, start, &s);
                     }
                     // A fresh connection: the old one may point at a dead process.
                     self.csi = None;
@@ -263,6 +242,35 @@ impl Client {
                 }
             }
         }
+    }
+
+    /// The connection to send on: the one in use, else a fresh one (None
+    /// while no driver answers on the socket).
+    async fn connection(&mut self) -> Option<Csi> {
+        if let Some(c) = &self.csi {
+            return Some(c.clone());
+        }
+        match tokio::time::timeout(Duration::from_secs(2), Csi::connect(&self.endpoint)).await {
+            Ok(Ok(c)) => {
+                self.csi = Some(c.clone());
+                Some(c)
+            }
+            _ => None,
+        }
+    }
+
+    /// Says (stderr and the progress log) that step `what`, begun at
+    /// `start`, is still being retried after `s`.
+    fn note_still_retrying(&self, what: &str, start: Instant, s: &Status) {
+        let line = format!(
+            "worker {}: {what}: still retrying after {:.1?}: {:?}: {}",
+            self.worker,
+            start.elapsed(),
+            s.code(),
+            s.message()
+        );
+        eprintln!("{line}");
+        progress_note(&line);
     }
 }
 
@@ -363,8 +371,33 @@ pub async fn lifecycle(
         .ok_or_else(|| format!("CreateVolume {name}: no volume in the answer"))?;
     let id = vol.volume_id;
 
+    let data = write_through_target(c, layout, plan, rng, name, &id).await?;
+
+    if keep {
+        return keep_with_copy(c, plan, rng, name, id, data).await;
+    }
+    let req = delete_req(&id);
+    c.call(&format!("DeleteVolume {id}"), |mut csi| {
+        let req = req.clone();
+        async move { csi.controller.delete_volume(req).await }
+    })
+    .await?;
+    Ok(Vec::new())
+}
+
+/// The middle of a lifecycle: stages and publishes volume `id`, writes
+/// [`FILE`] of random bytes through the target, then unpublishes and
+/// unstages it; returns what it wrote.
+async fn write_through_target(
+    c: &mut Client,
+    layout: &Layout,
+    plan: &Plan,
+    rng: &mut Rng,
+    name: &str,
+    id: &str,
+) -> Result<Vec<u8>, String> {
     let staging = layout.staging(name);
-    let req = plan_stage_req(plan, &id, &staging);
+    let req = plan_stage_req(plan, id, &staging);
     c.call(&format!("NodeStageVolume {id}"), |mut csi| {
         let req = req.clone();
         async move { csi.node.node_stage_volume(req).await }
@@ -372,7 +405,7 @@ pub async fn lifecycle(
     .await?;
 
     let target = layout.target(name);
-    let req = publish_req(&id, &staging, &target, false);
+    let req = publish_req(id, &staging, &target, false);
     c.call(&format!("NodePublishVolume {id}"), |mut csi| {
         let req = req.clone();
         async move { csi.node.node_publish_volume(req).await }
@@ -389,45 +422,48 @@ pub async fn lifecycle(
     let len = 1 + rng.below(64 * 1024) as usize;
     let data = rng.bytes(len);
     write_file(&target, FILE, &data).map_err(|e| format!("{id}: writing {target:?}: {e}"))?;
-    let sum = checksum(&data);
 
-    let req = unpublish_req(&id, &target);
+    let req = unpublish_req(id, &target);
     c.call(&format!("NodeUnpublishVolume {id}"), |mut csi| {
         let req = req.clone();
         async move { csi.node.node_unpublish_volume(req).await }
     })
     .await?;
-    let req = unstage_req(&id, &staging);
+    let req = unstage_req(id, &staging);
     c.call(&format!("NodeUnstageVolume {id}"), |mut csi| {
         let req = req.clone();
         async move { csi.node.node_unstage_volume(req).await }
     })
     .await?;
+    Ok(data)
+}
 
-    if keep {
-        let mut kept = vec![Kept {
-            id: id.clone(),
-            data: data.clone(),
+/// The end of a lifecycle that keeps volume `id` holding `data`: it, and
+/// the copy of it the plan may make ([`copy_of`]).
+async fn keep_with_copy(
+    c: &mut Client,
+    plan: &Plan,
+    rng: &mut Rng,
+    name: &str,
+    id: String,
+    data: Vec<u8>,
+) -> Result<Vec<Kept>, String> {
+    let sum = checksum(&data);
+    let mut kept = vec![Kept {
+        id: id.clone(),
+        data: data.clone(),
+        sum,
+    }];
+    if plan.copies {
+        let copy = copy_of(c, plan, rng, name, &id).await?;
+        c.counters.copies.fetch_add(1, Ordering::Relaxed);
+        kept.push(Kept {
+            id: copy,
+            data,
             sum,
-        }];
-        if plan.copies {
-            let copy = copy_of(c, plan, rng, name, &id).await?;
-            c.counters.copies.fetch_add(1, Ordering::Relaxed);
-            kept.push(Kept {
-                id: copy,
-                data,
-                sum,
-            });
-        }
-        return Ok(kept);
+        });
     }
-    let req = delete_req(&id);
-    c.call(&format!("DeleteVolume {id}"), |mut csi| {
-        let req = req.clone();
-        async move { csi.controller.delete_volume(req).await }
-    })
-    .await?;
-    Ok(Vec::new())
+    Ok(kept)
 }
 
 /// A restore of a fresh snapshot of `id` (the snapshot deleted afterwards)
@@ -569,7 +605,7 @@ pub async fn kill_campaign(label: &str, d: &mut Driver, plan: Plan, knobs: &Knob
     });
     let counters = Arc::new(Counters::default());
     let mut seeds = Rng(seed);
-    let mut killer_rng = Rng(seeds.next_u64());
+    let killer_rng = Rng(seeds.next_u64());
     let workers: Vec<_> = (0..knobs.concurrency)
         .map(|w| {
             tokio::spawn(worker(
@@ -584,12 +620,58 @@ pub async fn kill_campaign(label: &str, d: &mut Driver, plan: Plan, knobs: &Knob
         })
         .collect();
 
-    // The killer: SIGKILL at a random moment shortly after the driver is
-    // ready (so kills land inside RPCs, not in long idle gaps), then restart at
-    // once on the same socket.
+    let killed = killer(label, d, knobs, &counters, killer_rng, started).await;
+    let kill_phase = started.elapsed();
+    counters.done.store(true, Ordering::SeqCst);
+
+    let mut kept: BTreeMap<String, Kept> = BTreeMap::new();
+    let mut errors = Vec::new();
+    for w in workers {
+        match w.await.expect("worker task") {
+            Ok(k) => kept.extend(k.into_iter().map(|k| (k.id.clone(), k))),
+            Err(e) => errors.push(e),
+        }
+    }
+    if let Some(e) = killed.start_failure {
+        panic!("{e}");
+    }
+    let out = Outcome {
+        kills: killed.kills,
+        mid_call: killed.mid_call,
+        lifecycles: counters.lifecycles.load(Ordering::Relaxed),
+        copies: counters.copies.load(Ordering::Relaxed),
+        retries: counters.retries.load(Ordering::Relaxed),
+        busy: counters.busy.load(Ordering::Relaxed),
+        kill_phase,
+        kept,
+    };
+    report_campaign(label, d, knobs, &out, &errors);
+    out
+}
+
+/// What the killer did: its kills, those that landed mid-call, and the
+/// failure that stopped it early (a driver that did not come back).
+struct Killed {
+    kills: u64,
+    mid_call: u64,
+    start_failure: Option<String>,
+}
+
+/// The killer of [`kill_campaign`]: SIGKILL at a random moment shortly
+/// after the driver is ready (so kills land inside RPCs, not in long idle
+/// gaps), then restart at once on the same socket; until enough kills were
+/// done and enough time passed, or someone failed.
+async fn killer(
+    label: &str,
+    d: &mut Driver,
+    knobs: &Knobs,
+    counters: &Counters,
+    mut rng: Rng,
+    started: Instant,
+) -> Killed {
+    let seed = knobs.seed;
     let mut kills = 0u64;
     let mut mid_call = 0u64;
-    let mut start_failure = None;
     while !counters.failed.load(Ordering::SeqCst)
         && (kills < knobs.kills || started.elapsed() < Duration::from_secs(knobs.minutes * 60))
     {
@@ -597,12 +679,12 @@ pub async fn kill_campaign(label: &str, d: &mut Driver, plan: Plan, knobs: &Knob
         // calls), one in four up to 8 windows later: a step longer than one
         // window (a block copy in a slow VM) must get its chance to finish,
         // as it does between a real driver's rare crashes.
-        let window = if killer_rng.below(4) == 0 {
+        let window = if rng.below(4) == 0 {
             knobs.window_ms * 8
         } else {
             knobs.window_ms
         };
-        tokio::time::sleep(Duration::from_millis(killer_rng.below(window))).await;
+        tokio::time::sleep(Duration::from_millis(rng.below(window))).await;
         if counters.in_flight.load(Ordering::SeqCst) > 0 {
             mid_call += 1;
         }
@@ -618,47 +700,42 @@ pub async fn kill_campaign(label: &str, d: &mut Driver, plan: Plan, knobs: &Knob
             eprintln!("{line}");
             progress_note(&line);
         }
-        // A start that misses its readiness deadline (a loaded VM) is tried
-        // again, as kubelet restarts a crashed container; three in a row fail.
-        let mut last = Ok(());
-        for _ in 0..3 {
-            last = d.try_start_again().await;
-            if last.is_ok() {
-                break;
-            }
-        }
-        if let Err(e) = last {
-            start_failure = Some(format!(
-                "{label}: seed {seed}: the driver did not come back after kill {kills}: {e}"
-            ));
+        if let Err(e) = start_after_kill(d).await {
             counters.failed.store(true, Ordering::SeqCst);
+            return Killed {
+                kills,
+                mid_call,
+                start_failure: Some(format!(
+                    "{label}: seed {seed}: the driver did not come back after kill {kills}: {e}"
+                )),
+            };
+        }
+    }
+    Killed {
+        kills,
+        mid_call,
+        start_failure: None,
+    }
+}
+
+/// Starts the killed driver again. A start that misses its readiness
+/// deadline (a loaded VM) is tried again, as kubelet restarts a crashed
+/// container; three in a row fail.
+async fn start_after_kill(d: &mut Driver) -> Result<(), String> {
+    let mut last = Ok(());
+    for _ in 0..3 {
+        last = d.try_start_again().await;
+        if last.is_ok() {
             break;
         }
     }
-    let kill_phase = started.elapsed();
-    counters.done.store(true, Ordering::SeqCst);
+    last
+}
 
-    let mut kept: BTreeMap<String, Kept> = BTreeMap::new();
-    let mut errors = Vec::new();
-    for w in workers {
-        match w.await.expect("worker task") {
-            Ok(k) => kept.extend(k.into_iter().map(|k| (k.id.clone(), k))),
-            Err(e) => errors.push(e),
-        }
-    }
-    if let Some(e) = start_failure {
-        panic!("{e}");
-    }
-    let out = Outcome {
-        kills,
-        mid_call,
-        lifecycles: counters.lifecycles.load(Ordering::Relaxed),
-        copies: counters.copies.load(Ordering::Relaxed),
-        retries: counters.retries.load(Ordering::Relaxed),
-        busy: counters.busy.load(Ordering::Relaxed),
-        kill_phase,
-        kept,
-    };
+/// Prints what a campaign did and panics (with the seed, the workers'
+/// errors and the log tail) when a worker failed or it fell short.
+fn report_campaign(label: &str, d: &Driver, knobs: &Knobs, out: &Outcome, errors: &[String]) {
+    let seed = knobs.seed;
     eprintln!(
         "{label}: seed {seed}: {} kills in {:.1?} ({} with a call in flight), {} lifecycles, \
          {} restores/clones, {} kept, {} retried calls, {} transiently busy unmounts",
@@ -690,7 +767,6 @@ pub async fn kill_campaign(label: &str, d: &mut Driver, plan: Plan, knobs: &Knob
         "{label}: seed {seed}: only {} lifecycles completed under the kills",
         out.lifecycles
     );
-    out
 }
 
 /// Appends a line to `$FAULT_DIAG_DIR/progress.log` when that is set (a
