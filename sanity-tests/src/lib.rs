@@ -29,7 +29,7 @@
 //! | `lvm` | [`LoopVg`]: a volume group on a loop device (VM tests) |
 //! | `thick_and_thin` | [`LvmKind`], [`thick_and_thin!`], [`on_thick_and_thin`] |
 //! | `lvm_fx` | [`LvmFx`]: a driver serving one LVM pool on its own VG |
-//! | [`faults`] | the fault-injection workers and killer |
+//! | [`faults`] | the fault-injection killer (`mod.rs`) and workers (`workers.rs`) |
 //! | [`replace`] | node replaced vs node lost |
 
 pub use localvol::csi::volume_capability::access_mode::Mode as AccessMode;
