@@ -110,7 +110,7 @@ impl std::fmt::Display for FsKind {
 /// A fresh filesystem on a loop device over a sparse image, mounted at
 /// `mount_point`. Drop unmounts it (lazily when busy) and detaches the device.
 ///
-/// Mounted below a [`Driver`]'s dir, declare it after the driver in a struct
+/// Mounted below a [`Driver`](crate::Driver)'s dir, declare it after the driver in a struct
 /// (fields drop in order): the driver's cleanup then unmounts it and removes
 /// the image with its temp dir.
 pub struct LoopFs {

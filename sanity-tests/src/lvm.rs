@@ -44,7 +44,7 @@ impl LvRow {
 /// A volume group on a loop device over a sparse image in its own temp dir
 /// (tmpfs in the VM), with an optional thin pool `tp`. Drop unmounts whatever
 /// is mounted from its LVs, removes the VG, the PV and the loop device, so a
-/// failed test leaves nothing behind. Declare it before the [`Driver`] (locals
+/// failed test leaves nothing behind. Declare it before the [`Driver`](crate::Driver) (locals
 /// drop in reverse order), or after it in a struct.
 pub struct LoopVg {
     pub vg: String,

@@ -65,13 +65,13 @@ pub struct DriverOpts {
     /// YAML appended to the generated config as it is (e.g. a `discovery:`
     /// section: `tests/host/static_volumes.rs`).
     pub extra_config: String,
-    /// `--metrics-addr` (e.g. `127.0.0.1:PORT`; see [`free_port`]).
+    /// `--metrics-addr` (e.g. `127.0.0.1:PORT`; see [`free_port`](crate::free_port)).
     pub metrics_addr: Option<String>,
     /// Extra environment of the driver process (e.g. a `PATH` that puts
     /// fault-injecting wrappers of `lvm` or `mkfs` first: `tests/vm/vm_faults.rs`).
     pub env: Vec<(String, String)>,
     /// Extra `localvol serve` arguments (e.g. `--kube-api URL`:
-    /// [`replace`]).
+    /// [`replace`](crate::replace)).
     pub args: Vec<String>,
 }
 
