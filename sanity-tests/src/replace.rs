@@ -87,20 +87,7 @@ pub struct Outcome {
 /// and the CSINode gets the pool's identity.
 pub async fn kept_after_node_loss(opts: DriverOpts, pool: &str) -> Outcome {
     let mut d = Driver::start(opts).await;
-    let mut ids = Vec::new();
-    let mut storage = None;
-    for name in ["pvc-lost-a", "pvc-lost-b", "pvc-plain"] {
-        let v = d.create(name, 16 << 20).await;
-        let s = v
-            .volume_context
-            .get(STORAGE_KEY)
-            .unwrap_or_else(|| panic!("CreateVolume's volume_context has no {STORAGE_KEY}: {v:?}"))
-            .clone();
-        assert!(storage.is_none() || storage.as_ref() == Some(&s), "{s}");
-        storage = Some(s);
-        ids.push(v.volume_id);
-    }
-    let storage = storage.unwrap();
+    let (ids, storage) = create_volumes(&d).await;
     let node = d.opts_mut().node_id.clone();
     let status = d.stop().await;
     assert!(status.success(), "{status}");
@@ -129,7 +116,40 @@ pub async fn kept_after_node_loss(opts: DriverOpts, pool: &str) -> Outcome {
     }
     d.start_again_retrying().await;
 
-    // The first orphan pass runs once the PV cache is filled.
+    wait_for_orphan_pass(&d, &api, &csinode, &ids[2]).await;
+    check_after_orphan_pass(&d, &api, &csinode, &ids[..2], pool, &storage).await;
+    let status = d.stop().await;
+    assert!(status.success(), "{status}");
+    Outcome {
+        storage,
+        kept: ids[..2].to_vec(),
+    }
+}
+
+/// Creates `pvc-lost-a`, `pvc-lost-b` and `pvc-plain` on the default pool;
+/// returns their ids (in that order) and the pool's storage identity, which
+/// all three must carry.
+async fn create_volumes(d: &Driver) -> (Vec<String>, String) {
+    let mut ids = Vec::new();
+    let mut storage = None;
+    for name in ["pvc-lost-a", "pvc-lost-b", "pvc-plain"] {
+        let v = d.create(name, 16 << 20).await;
+        let s = v
+            .volume_context
+            .get(STORAGE_KEY)
+            .unwrap_or_else(|| panic!("CreateVolume's volume_context has no {STORAGE_KEY}: {v:?}"))
+            .clone();
+        assert!(storage.is_none() || storage.as_ref() == Some(&s), "{s}");
+        storage = Some(s);
+        ids.push(v.volume_id);
+    }
+    (ids, storage.unwrap())
+}
+
+/// Waits (up to 120 s) for the first orphan pass, which runs once the PV
+/// cache is filled: two OrphanKeptAfterNodeLoss Events, `plain` (the
+/// ordinary orphan) reclaimed, and the CSINode annotated.
+async fn wait_for_orphan_pass(d: &Driver, api: &Api, csinode: &str, plain: &str) {
     let deadline = Instant::now() + Duration::from_secs(120);
     loop {
         let log = api.log();
@@ -139,10 +159,10 @@ pub async fn kept_after_node_loss(opts: DriverOpts, pool: &str) -> Outcome {
             .count();
         let listed: Vec<String> = d.list_ids().await;
         let annotated = api
-            .get(&csinode)
+            .get(csinode)
             .is_some_and(|c| !c["metadata"]["annotations"]["localvol.csi.dev/storage"].is_null());
-        if events >= 2 && !listed.contains(&ids[2]) && annotated {
-            break;
+        if events >= 2 && !listed.iter().any(|id| id == plain) && annotated {
+            return;
         }
         assert!(
             Instant::now() < deadline,
@@ -151,8 +171,21 @@ pub async fn kept_after_node_loss(opts: DriverOpts, pool: &str) -> Outcome {
         );
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
+}
+
+/// After the orphan pass: the volumes of the lost record are still there,
+/// the node did not write the record, the CSINode names `pool`'s storage
+/// identity, and the driver logged the kept orphans.
+async fn check_after_orphan_pass(
+    d: &Driver,
+    api: &Api,
+    csinode: &str,
+    kept: &[String],
+    pool: &str,
+    storage: &str,
+) {
     let listed: Vec<String> = d.list_ids().await;
-    for kept in &ids[..2] {
+    for kept in kept {
         assert!(listed.contains(kept), "{kept} was reclaimed: {listed:?}");
     }
     let log = api.log();
@@ -161,7 +194,7 @@ pub async fn kept_after_node_loss(opts: DriverOpts, pool: &str) -> Outcome {
             .any(|l| l.contains("/configmaps") && !l.starts_with("GET")),
         "the node wrote to the lost record: {log:?}"
     );
-    let c = api.get(&csinode).unwrap();
+    let c = api.get(csinode).unwrap();
     let published: Value = serde_json::from_str(
         c["metadata"]["annotations"]["localvol.csi.dev/storage"]
             .as_str()
@@ -171,10 +204,4 @@ pub async fn kept_after_node_loss(opts: DriverOpts, pool: &str) -> Outcome {
     assert_eq!(published, json!({pool: storage}));
     let text = d.log_tail(400);
     assert!(text.contains("orphan kept"), "{text}");
-    let status = d.stop().await;
-    assert!(status.success(), "{status}");
-    Outcome {
-        storage,
-        kept: ids[..2].to_vec(),
-    }
 }

@@ -31,10 +31,10 @@ use localvol::csi;
 use localvol::endpoint::Endpoint;
 use tonic::{Code, Response, Status};
 
-use crate::{
-    create_req, delete_req, mount_at, params, publish_req, range, stage_req, unpublish_req,
-    unstage_req, write_file, Csi, Driver,
-};
+use crate::{create_req, params, range, stage_req, Csi, Driver};
+
+mod workers;
+pub use workers::{lifecycle, worker};
 
 /// splitmix64: small, seedable, good enough to pick moments and bytes.
 pub struct Rng(pub u64);
@@ -196,22 +196,9 @@ impl Client {
                     self.worker, self.step_deadline
                 ));
             }
-            let csi = match &self.csi {
-                Some(c) => c.clone(),
-                None => {
-                    match tokio::time::timeout(Duration::from_secs(2), Csi::connect(&self.endpoint))
-                        .await
-                    {
-                        Ok(Ok(c)) => {
-                            self.csi = Some(c.clone());
-                            c
-                        }
-                        _ => {
-                            tokio::time::sleep(Duration::from_millis(10)).await;
-                            continue;
-                        }
-                    }
-                }
+            let Some(csi) = self.connection().await else {
+                tokio::time::sleep(Duration::from_millis(10)).await;
+                continue;
             };
             self.counters.in_flight.fetch_add(1, Ordering::SeqCst);
             let res = match tokio::time::timeout(self.rpc_timeout, f(csi)).await {
@@ -234,15 +221,7 @@ impl Client {
                 Err(s) if retryable(&s) => {
                     self.counters.retries.fetch_add(1, Ordering::Relaxed);
                     if start.elapsed() > Duration::from_secs(60) {
-                        let line = format!(
-                            "worker {}: {what}: still retrying after {:.1?}: {:?}: {}",
-                            self.worker,
-                            start.elapsed(),
-                            s.code(),
-                            s.message()
-                        );
-                        eprintln!("{line}");
-                        progress_note(&line);
+                        self.note_still_retrying(what, start, &s);
                     }
                     // A fresh connection: the old one may point at a dead process.
                     self.csi = None;
@@ -263,6 +242,35 @@ impl Client {
                 }
             }
         }
+    }
+
+    /// The connection to send on: the one in use, else a fresh one (None
+    /// while no driver answers on the socket).
+    async fn connection(&mut self) -> Option<Csi> {
+        if let Some(c) = &self.csi {
+            return Some(c.clone());
+        }
+        match tokio::time::timeout(Duration::from_secs(2), Csi::connect(&self.endpoint)).await {
+            Ok(Ok(c)) => {
+                self.csi = Some(c.clone());
+                Some(c)
+            }
+            _ => None,
+        }
+    }
+
+    /// Says (stderr and the progress log) that step `what`, begun at
+    /// `start`, is still being retried after `s`.
+    fn note_still_retrying(&self, what: &str, start: Instant, s: &Status) {
+        let line = format!(
+            "worker {}: {what}: still retrying after {:.1?}: {:?}: {}",
+            self.worker,
+            start.elapsed(),
+            s.code(),
+            s.message()
+        );
+        eprintln!("{line}");
+        progress_note(&line);
     }
 }
 
@@ -342,204 +350,6 @@ fn plan_stage_req(plan: &Plan, id: &str, staging: &Path) -> csi::NodeStageVolume
     }
 }
 
-/// One full lifecycle of a new volume `name`; returns what is kept: the
-/// volume, and its copy when the plan makes one.
-pub async fn lifecycle(
-    c: &mut Client,
-    layout: &Layout,
-    plan: &Plan,
-    rng: &mut Rng,
-    name: &str,
-    keep: bool,
-) -> Result<Vec<Kept>, String> {
-    let req = sized_create_req(name, plan);
-    let vol = c
-        .call(&format!("CreateVolume {name}"), |mut csi| {
-            let req = req.clone();
-            async move { csi.controller.create_volume(req).await }
-        })
-        .await?
-        .volume
-        .ok_or_else(|| format!("CreateVolume {name}: no volume in the answer"))?;
-    let id = vol.volume_id;
-
-    let staging = layout.staging(name);
-    let req = plan_stage_req(plan, &id, &staging);
-    c.call(&format!("NodeStageVolume {id}"), |mut csi| {
-        let req = req.clone();
-        async move { csi.node.node_stage_volume(req).await }
-    })
-    .await?;
-
-    let target = layout.target(name);
-    let req = publish_req(&id, &staging, &target, false);
-    c.call(&format!("NodePublishVolume {id}"), |mut csi| {
-        let req = req.clone();
-        async move { csi.node.node_publish_volume(req).await }
-    })
-    .await?;
-
-    // Written through the target: it must be the volume's mount, not the
-    // kubelet dir's own filesystem.
-    if mount_at(&target).is_none() {
-        return Err(format!(
-            "{id}: NodePublishVolume succeeded but {target:?} is not a mount point"
-        ));
-    }
-    let len = 1 + rng.below(64 * 1024) as usize;
-    let data = rng.bytes(len);
-    write_file(&target, FILE, &data).map_err(|e| format!("{id}: writing {target:?}: {e}"))?;
-    let sum = checksum(&data);
-
-    let req = unpublish_req(&id, &target);
-    c.call(&format!("NodeUnpublishVolume {id}"), |mut csi| {
-        let req = req.clone();
-        async move { csi.node.node_unpublish_volume(req).await }
-    })
-    .await?;
-    let req = unstage_req(&id, &staging);
-    c.call(&format!("NodeUnstageVolume {id}"), |mut csi| {
-        let req = req.clone();
-        async move { csi.node.node_unstage_volume(req).await }
-    })
-    .await?;
-
-    if keep {
-        let mut kept = vec![Kept {
-            id: id.clone(),
-            data: data.clone(),
-            sum,
-        }];
-        if plan.copies {
-            let copy = copy_of(c, plan, rng, name, &id).await?;
-            c.counters.copies.fetch_add(1, Ordering::Relaxed);
-            kept.push(Kept {
-                id: copy,
-                data,
-                sum,
-            });
-        }
-        return Ok(kept);
-    }
-    let req = delete_req(&id);
-    c.call(&format!("DeleteVolume {id}"), |mut csi| {
-        let req = req.clone();
-        async move { csi.controller.delete_volume(req).await }
-    })
-    .await?;
-    Ok(Vec::new())
-}
-
-/// A restore of a fresh snapshot of `id` (the snapshot deleted afterwards)
-/// or a clone of `id`, at random; returns the new volume's id.
-async fn copy_of(
-    c: &mut Client,
-    plan: &Plan,
-    rng: &mut Rng,
-    name: &str,
-    id: &str,
-) -> Result<String, String> {
-    use csi::volume_content_source::{SnapshotSource, Type, VolumeSource};
-    let restore = rng.below(2) == 0;
-    let mut snapshot_id = None;
-    let source = if restore {
-        let req = csi::CreateSnapshotRequest {
-            name: format!("{name}-snap"),
-            source_volume_id: id.to_owned(),
-            parameters: plan.snapshot_params.iter().cloned().collect(),
-            ..Default::default()
-        };
-        let snap = c
-            .call(&format!("CreateSnapshot of {id}"), |mut csi| {
-                let req = req.clone();
-                async move { csi.controller.create_snapshot(req).await }
-            })
-            .await?
-            .snapshot
-            .ok_or_else(|| format!("CreateSnapshot of {id}: no snapshot in the answer"))?;
-        snapshot_id = Some(snap.snapshot_id.clone());
-        Type::Snapshot(SnapshotSource {
-            snapshot_id: snap.snapshot_id,
-        })
-    } else {
-        Type::Volume(VolumeSource {
-            volume_id: id.to_owned(),
-        })
-    };
-    let copy_name = format!("{name}-{}", if restore { "restore" } else { "clone" });
-    let req = csi::CreateVolumeRequest {
-        volume_content_source: Some(csi::VolumeContentSource {
-            r#type: Some(source),
-        }),
-        ..sized_create_req(&copy_name, plan)
-    };
-    let vol = c
-        .call(&format!("CreateVolume {copy_name} from {id}"), |mut csi| {
-            let req = req.clone();
-            async move { csi.controller.create_volume(req).await }
-        })
-        .await?
-        .volume
-        .ok_or_else(|| format!("CreateVolume {copy_name}: no volume in the answer"))?;
-    if let Some(sid) = snapshot_id {
-        let req = csi::DeleteSnapshotRequest {
-            snapshot_id: sid.clone(),
-            ..Default::default()
-        };
-        c.call(&format!("DeleteSnapshot {sid}"), |mut csi| {
-            let req = req.clone();
-            async move { csi.controller.delete_snapshot(req).await }
-        })
-        .await?;
-    }
-    Ok(vol.volume_id)
-}
-
-/// Runs lifecycles until `done`; returns the kept volumes (or the first failure).
-pub async fn worker(
-    w: usize,
-    seed: u64,
-    endpoint: Endpoint,
-    layout: Arc<Layout>,
-    plan: Plan,
-    counters: Arc<Counters>,
-    knobs: Knobs,
-) -> Result<Vec<Kept>, String> {
-    let mut rng = Rng(seed);
-    let mut c = Client {
-        endpoint,
-        csi: None,
-        counters: counters.clone(),
-        worker: w,
-        rpc_timeout: knobs.rpc_timeout,
-        step_deadline: knobs.step_deadline,
-    };
-    let mut kept = Vec::new();
-    let mut n = 0;
-    while !counters.done.load(Ordering::SeqCst) && !counters.failed.load(Ordering::SeqCst) {
-        let name = format!("fi-w{w}-{n}");
-        n += 1;
-        let keep = rng.below(4) == 0
-            && counters
-                .kept
-                .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |k| {
-                    (k < knobs.max_kept).then_some(k + 1)
-                })
-                .is_ok();
-        match lifecycle(&mut c, &layout, &plan, &mut rng, &name, keep).await {
-            Ok(k) => {
-                counters.lifecycles.fetch_add(1, Ordering::Relaxed);
-                kept.extend(k);
-            }
-            Err(e) => {
-                counters.failed.store(true, Ordering::SeqCst);
-                return Err(e);
-            }
-        }
-    }
-    Ok(kept)
-}
-
 /// What one kill campaign did.
 pub struct Outcome {
     pub kills: u64,
@@ -569,7 +379,7 @@ pub async fn kill_campaign(label: &str, d: &mut Driver, plan: Plan, knobs: &Knob
     });
     let counters = Arc::new(Counters::default());
     let mut seeds = Rng(seed);
-    let mut killer_rng = Rng(seeds.next_u64());
+    let killer_rng = Rng(seeds.next_u64());
     let workers: Vec<_> = (0..knobs.concurrency)
         .map(|w| {
             tokio::spawn(worker(
@@ -584,12 +394,58 @@ pub async fn kill_campaign(label: &str, d: &mut Driver, plan: Plan, knobs: &Knob
         })
         .collect();
 
-    // The killer: SIGKILL at a random moment shortly after the driver is
-    // ready (so kills land inside RPCs, not in long idle gaps), then restart at
-    // once on the same socket.
+    let killed = killer(label, d, knobs, &counters, killer_rng, started).await;
+    let kill_phase = started.elapsed();
+    counters.done.store(true, Ordering::SeqCst);
+
+    let mut kept: BTreeMap<String, Kept> = BTreeMap::new();
+    let mut errors = Vec::new();
+    for w in workers {
+        match w.await.expect("worker task") {
+            Ok(k) => kept.extend(k.into_iter().map(|k| (k.id.clone(), k))),
+            Err(e) => errors.push(e),
+        }
+    }
+    if let Some(e) = killed.start_failure {
+        panic!("{e}");
+    }
+    let out = Outcome {
+        kills: killed.kills,
+        mid_call: killed.mid_call,
+        lifecycles: counters.lifecycles.load(Ordering::Relaxed),
+        copies: counters.copies.load(Ordering::Relaxed),
+        retries: counters.retries.load(Ordering::Relaxed),
+        busy: counters.busy.load(Ordering::Relaxed),
+        kill_phase,
+        kept,
+    };
+    report_campaign(label, d, knobs, &out, &errors);
+    out
+}
+
+/// What the killer did: its kills, those that landed mid-call, and the
+/// failure that stopped it early (a driver that did not come back).
+struct Killed {
+    kills: u64,
+    mid_call: u64,
+    start_failure: Option<String>,
+}
+
+/// The killer of [`kill_campaign`]: SIGKILL at a random moment shortly
+/// after the driver is ready (so kills land inside RPCs, not in long idle
+/// gaps), then restart at once on the same socket; until enough kills were
+/// done and enough time passed, or someone failed.
+async fn killer(
+    label: &str,
+    d: &mut Driver,
+    knobs: &Knobs,
+    counters: &Counters,
+    mut rng: Rng,
+    started: Instant,
+) -> Killed {
+    let seed = knobs.seed;
     let mut kills = 0u64;
     let mut mid_call = 0u64;
-    let mut start_failure = None;
     while !counters.failed.load(Ordering::SeqCst)
         && (kills < knobs.kills || started.elapsed() < Duration::from_secs(knobs.minutes * 60))
     {
@@ -597,12 +453,12 @@ pub async fn kill_campaign(label: &str, d: &mut Driver, plan: Plan, knobs: &Knob
         // calls), one in four up to 8 windows later: a step longer than one
         // window (a block copy in a slow VM) must get its chance to finish,
         // as it does between a real driver's rare crashes.
-        let window = if killer_rng.below(4) == 0 {
+        let window = if rng.below(4) == 0 {
             knobs.window_ms * 8
         } else {
             knobs.window_ms
         };
-        tokio::time::sleep(Duration::from_millis(killer_rng.below(window))).await;
+        tokio::time::sleep(Duration::from_millis(rng.below(window))).await;
         if counters.in_flight.load(Ordering::SeqCst) > 0 {
             mid_call += 1;
         }
@@ -618,47 +474,42 @@ pub async fn kill_campaign(label: &str, d: &mut Driver, plan: Plan, knobs: &Knob
             eprintln!("{line}");
             progress_note(&line);
         }
-        // A start that misses its readiness deadline (a loaded VM) is tried
-        // again, as kubelet restarts a crashed container; three in a row fail.
-        let mut last = Ok(());
-        for _ in 0..3 {
-            last = d.try_start_again().await;
-            if last.is_ok() {
-                break;
-            }
-        }
-        if let Err(e) = last {
-            start_failure = Some(format!(
-                "{label}: seed {seed}: the driver did not come back after kill {kills}: {e}"
-            ));
+        if let Err(e) = start_after_kill(d).await {
             counters.failed.store(true, Ordering::SeqCst);
+            return Killed {
+                kills,
+                mid_call,
+                start_failure: Some(format!(
+                    "{label}: seed {seed}: the driver did not come back after kill {kills}: {e}"
+                )),
+            };
+        }
+    }
+    Killed {
+        kills,
+        mid_call,
+        start_failure: None,
+    }
+}
+
+/// Starts the killed driver again. A start that misses its readiness
+/// deadline (a loaded VM) is tried again, as kubelet restarts a crashed
+/// container; three in a row fail.
+async fn start_after_kill(d: &mut Driver) -> Result<(), String> {
+    let mut last = Ok(());
+    for _ in 0..3 {
+        last = d.try_start_again().await;
+        if last.is_ok() {
             break;
         }
     }
-    let kill_phase = started.elapsed();
-    counters.done.store(true, Ordering::SeqCst);
+    last
+}
 
-    let mut kept: BTreeMap<String, Kept> = BTreeMap::new();
-    let mut errors = Vec::new();
-    for w in workers {
-        match w.await.expect("worker task") {
-            Ok(k) => kept.extend(k.into_iter().map(|k| (k.id.clone(), k))),
-            Err(e) => errors.push(e),
-        }
-    }
-    if let Some(e) = start_failure {
-        panic!("{e}");
-    }
-    let out = Outcome {
-        kills,
-        mid_call,
-        lifecycles: counters.lifecycles.load(Ordering::Relaxed),
-        copies: counters.copies.load(Ordering::Relaxed),
-        retries: counters.retries.load(Ordering::Relaxed),
-        busy: counters.busy.load(Ordering::Relaxed),
-        kill_phase,
-        kept,
-    };
+/// Prints what a campaign did and panics (with the seed, the workers'
+/// errors and the log tail) when a worker failed or it fell short.
+fn report_campaign(label: &str, d: &Driver, knobs: &Knobs, out: &Outcome, errors: &[String]) {
+    let seed = knobs.seed;
     eprintln!(
         "{label}: seed {seed}: {} kills in {:.1?} ({} with a call in flight), {} lifecycles, \
          {} restores/clones, {} kept, {} retried calls, {} transiently busy unmounts",
@@ -690,7 +541,6 @@ pub async fn kill_campaign(label: &str, d: &mut Driver, plan: Plan, knobs: &Knob
         "{label}: seed {seed}: only {} lifecycles completed under the kills",
         out.lifecycles
     );
-    out
 }
 
 /// Appends a line to `$FAULT_DIAG_DIR/progress.log` when that is set (a
