@@ -25,6 +25,7 @@ mod nodeops;
 mod orphans;
 mod pool;
 pub mod quota;
+mod runs;
 pub mod server;
 mod service;
 pub mod size;

@@ -277,9 +277,9 @@ fn record_wipes(m: &Metrics, labels: &PoolLabels, w: crate::pool::Wipes) {
     }
 }
 
-/// The lvm run counters brought up to `lvm::runs()` (they only grow).
+/// The lvm run counters brought up to `runs::lvm_runs()` (they only grow).
 fn record_lvm_runs(m: &Metrics) {
-    for (caller, command, n) in crate::lvm::runs() {
+    for (caller, command, n) in crate::runs::lvm_runs() {
         let c = m.lvm_runs.get_or_create(&LvmRunLabels { caller, command });
         c.inc_by(n.saturating_sub(c.get()));
     }
@@ -301,7 +301,7 @@ pub trait Source: Send + Sync + 'static {
 
 /// Refreshes the pool and volume gauges from the pools, then encodes everything.
 pub async fn render(pools: &Pools) -> String {
-    crate::lvm::attributed("metrics", render_pools(pools)).await
+    crate::runs::attributed("metrics", render_pools(pools)).await
 }
 
 async fn render_pools(pools: &Pools) -> String {
