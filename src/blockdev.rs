@@ -12,6 +12,8 @@ use std::path::Path;
 use crate::command::{Cmd, CommandError};
 use crate::error::{IoContext, IoError};
 
+pub mod raw;
+
 /// A filesystem name the driver does not make.
 #[derive(Debug, thiserror::Error)]
 #[error("filesystem {0:?} is not supported (ext4 or xfs)")]
@@ -154,11 +156,7 @@ pub async fn format_if_blank(dev: &Path, fs: FsType) -> Result<Content, CommandE
 pub async fn format_whole(dev: &Path, fs: FsType) -> Result<Content, CommandError> {
     let found = probe(dev).await?;
     if found != Content::Empty {
-        Cmd::new("wipefs")
-            .args(["--all", "--force", "--quiet"])
-            .arg(dev)
-            .run()
-            .await?;
+        raw::erase_signatures(dev).await?;
     }
     mkfs_command(dev, fs).run().await?;
     Ok(found)

@@ -146,6 +146,10 @@ impl Cmd {
     pub fn argv(&self) -> impl Iterator<Item = &OsString> {
         self.args.iter()
     }
+    /// How long the command may run before it is killed (tests).
+    pub fn limit(&self) -> Duration {
+        self.timeout
+    }
 
     /// Runs the command; a non-zero exit is an error carrying stderr.
     pub async fn run(mut self) -> Result<Output, CommandError> {

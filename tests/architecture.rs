@@ -245,6 +245,22 @@ fn only_lvm_runs_lvm() {
 }
 
 #[test]
+fn only_blockdev_raw_runs_wipefs_and_dd() {
+    // The programs that write a device's blocks directly are built (and a
+    // leftover copy recognised) in one file.
+    let found: Vec<_> = sources()
+        .into_iter()
+        .filter(|s| s.path != "blockdev/raw.rs")
+        .filter(|s| s.code.contains("Cmd::new(\"wipefs\")") || s.code.contains("Cmd::new(\"dd\")"))
+        .map(|s| s.path)
+        .collect();
+    assert!(
+        found.is_empty(),
+        "wipefs or dd run outside blockdev/raw.rs: {found:?}"
+    );
+}
+
+#[test]
 fn lvm_arguments_are_built_in_lvm() {
     // One builder for lvcreate (and one function per other change), used
     // by the pools and the benchmark's floor alike.
