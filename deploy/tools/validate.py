@@ -749,7 +749,7 @@ def check_controller(render, docs, chelp):
             f"{render}: every controller flag is accepted by `localvol controller --help`",
             f"malformed {malformed}, not accepted {unknown}, bad values {badval}")
     env = {e["name"]: e.get("valueFrom", {}).get("fieldRef", {}).get("fieldPath") for e in c.get("env", [])}
-    main_rs = open(os.path.join(REPO, "src", "main.rs")).read()
+    main_rs = open(os.path.join(REPO, "cli", "src", "main.rs")).read()
     accepted = set(envs) | ({"RUST_LOG"} if "try_from_default_env" in main_rs else set())
     R.check(set(env) <= accepted, f"{render}: every controller env name is read ({', '.join(env)})",
             f"not read: {sorted(set(env) - accepted)}")
@@ -803,8 +803,8 @@ def check_localvol(render, ds, docs, help_info):
             "not accepted: " + ", ".join(unknown))
     R.check(not badval, f"{render}: localvol flag values are among the possible values", "; ".join(badval))
     env_names = [e["name"] for e in c.get("env", [])]
-    # RUST_LOG is read by tracing's EnvFilter::try_from_default_env (src/main.rs).
-    main_rs = open(os.path.join(REPO, "src", "main.rs")).read()
+    # RUST_LOG is read by tracing's EnvFilter::try_from_default_env (cli/src/main.rs).
+    main_rs = open(os.path.join(REPO, "cli", "src", "main.rs")).read()
     accepted_env = set(envs) | ({"RUST_LOG"} if "try_from_default_env" in main_rs else set())
     R.check(set(env_names) <= accepted_env,
             f"{render}: every localvol env name is read by the driver ({', '.join(env_names)})",
@@ -1335,8 +1335,8 @@ def check_dockerfile(dockerfile, makefile):
     workdir = re.findall(r"^WORKDIR\s+(\S+)", df.split(runs[0])[0], re.M)
     copies = re.findall(r"^COPY\s+(?!--from)(.*)$", df, re.M)
     copied = {w for c in copies for w in c.split()[:-1]}
-    R.check(not bad and {"Cargo.toml", "Cargo.lock", "src"} <= copied and workdir,
-            f"{dockerfile}: it builds this workspace (Cargo.toml, Cargo.lock, src copied to "
+    R.check(not bad and {"Cargo.toml", "Cargo.lock", "src", "cli"} <= copied and workdir,
+            f"{dockerfile}: it builds this workspace (Cargo.toml, Cargo.lock, src, cli copied to "
             f"WORKDIR {workdir[-1] if workdir else '?'}; no other manifest, package or features)",
             f"flags {bad}, copied {sorted(copied)}")
     mk = open(os.path.join(REPO, makefile)).read()
