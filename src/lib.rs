@@ -33,6 +33,10 @@ mod task;
 #[cfg(test)]
 mod testing;
 
+/// The driver's version (the workspace root's `Cargo.toml`): what
+/// GetPluginInfo reports and `localvol --version` prints.
+pub const VERSION: &str = env!("CARGO_PKG_VERSION");
+
 /// The tests' fake Kubernetes API server (`k8s/fake.rs`), for the test
 /// crates that start the real binary against it; never in a normal build.
 #[cfg(feature = "fake-api")]

@@ -205,10 +205,9 @@ fn offenders(needles: &[&str], allowed: &[&str]) -> Vec<String> {
 #[test]
 fn grpc_stays_in_the_services_and_the_clients() {
     // server: builds the router; endpoint: the client side of a socket;
-    // cli (`localvol client`, `localvol bench`, in the binary, not the
-    // library): CSI clients of any driver.
-    // authority: the socket adapter implements tonic's `Connected`.
-    let allowed = ["service", "server", "endpoint", "cli", "main", "authority"];
+    // authority: the socket adapter implements tonic's `Connected`. The CSI
+    // clients (`localvol client`, `localvol bench`) are the `cli/` crate's.
+    let allowed = ["service", "server", "endpoint", "authority"];
     let found = offenders(&["tonic", "crate::csi"], &allowed);
     assert!(
         found.is_empty(),
@@ -276,7 +275,7 @@ fn errors_below_the_services_name_failures_not_codes() {
     // Each layer's error enum says what failed (`PoolError::NoSpace`,
     // `NodeError::Occupied`, ...); only `service/status.rs` picks the gRPC
     // code, so no code name appears below the services.
-    let allowed = ["service", "cli", "main", "authority"];
+    let allowed = ["service", "authority"];
     let found = offenders(
         &[
             "InvalidArgument",
@@ -290,5 +289,96 @@ fn errors_below_the_services_name_failures_not_codes() {
     assert!(
         found.is_empty(),
         "gRPC code names below the services: {found:?}"
+    );
+}
+
+/// The non-test lines of a file: up to its test module (`#[cfg(test)]`
+/// then `mod ... {`, by convention the file's last item).
+fn non_test_lines(text: &str) -> Vec<&str> {
+    let lines: Vec<&str> = text.lines().collect();
+    let end = (0..lines.len())
+        .find(|&i| {
+            lines[i].trim() == "#[cfg(test)]"
+                && lines
+                    .get(i + 1)
+                    .is_some_and(|n| n.contains("mod ") && n.trim_end().ends_with('{'))
+        })
+        .unwrap_or(lines.len());
+    lines[..end].to_vec()
+}
+
+/// Each function of `lines` (by its `fn` line) and how many lines it spans,
+/// braces counted (braces in strings and comments are rare enough here).
+fn function_lengths(lines: &[&str]) -> Vec<(String, usize)> {
+    let mut out = Vec::new();
+    for (i, l) in lines.iter().enumerate() {
+        let t = l.trim_start();
+        let t = t.strip_prefix("pub ").unwrap_or(t);
+        let t = t.strip_prefix("pub(crate) ").unwrap_or(t);
+        let t = t.strip_prefix("pub(super) ").unwrap_or(t);
+        let t = t.strip_prefix("async ").unwrap_or(t);
+        let Some(rest) = t.strip_prefix("fn ") else {
+            continue;
+        };
+        let name: String = rest
+            .chars()
+            .take_while(|c| c.is_ascii_alphanumeric() || *c == '_')
+            .collect();
+        let (mut depth, mut opened) = (0i64, false);
+        for (j, body) in lines.iter().enumerate().skip(i) {
+            if !opened && body.trim_end().ends_with(';') {
+                break;
+            }
+            for c in body.chars() {
+                match c {
+                    '{' => {
+                        depth += 1;
+                        opened = true;
+                    }
+                    '}' => depth -= 1,
+                    _ => {}
+                }
+            }
+            if opened && depth == 0 {
+                out.push((name.clone(), j - i + 1));
+                break;
+            }
+        }
+    }
+    out
+}
+
+#[test]
+fn the_cli_crate_keeps_its_files_and_functions_short() {
+    // `cli/` (the binary: clap, `localvol client`, `localvol bench`): no
+    // file over 800 lines and no function over 80, test modules aside.
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("cli/src");
+    let mut files = Vec::new();
+    rust_files(&dir, &mut files);
+    assert!(!files.is_empty(), "no sources under {dir:?}");
+    let mut long = Vec::new();
+    for f in files {
+        let text = fs::read_to_string(&f).unwrap();
+        let lines = non_test_lines(&text);
+        let rel = f.strip_prefix(&dir).unwrap().display().to_string();
+        if lines.len() > 800 {
+            long.push(format!("{rel}: {} lines", lines.len()));
+        }
+        for (name, n) in function_lengths(&lines) {
+            if n > 80 {
+                long.push(format!("{rel}: fn {name}: {n} lines"));
+            }
+        }
+    }
+    assert!(long.is_empty(), "too long: {long:#?}");
+}
+
+#[test]
+fn function_lengths_are_counted_by_braces() {
+    let code = "fn a() {\n    if x {\n    }\n}\nfn b();\npub async fn c() -> T {\n}\n";
+    let lines: Vec<&str> = code.lines().collect();
+    assert_eq!(
+        function_lengths(&lines),
+        [("a".to_owned(), 4), ("c".to_owned(), 2)]
     );
 }

@@ -1,4 +1,11 @@
 //! `localvol`: the CSI driver, a CSI client and a benchmark, as subcommands.
+//!
+//! This crate is the one binary: `serve` and `controller` run the driver
+//! library (`localvol`); `client` (one RPC at a time, for operators) and
+//! `bench` (lifecycle benchmarks against any CSI driver's socket) live here
+//! only. They use the library as any client would (endpoints, sizes, the
+//! proto bindings, and the LVM and mount helpers of the bench's bare floor);
+//! the library knows nothing of them.
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -8,12 +15,14 @@ use localvol::config::Config;
 use localvol::endpoint::Endpoint;
 use localvol::server::{self, ServeOptions, DEFAULT_DRIVER_NAME};
 
-mod cli;
+mod bench;
+mod client;
+mod requests;
 
 #[derive(Parser)]
 #[command(
     name = "localvol",
-    version,
+    version = localvol::VERSION,
     about = "Kubernetes CSI driver for node-local storage"
 )]
 struct Cli {
@@ -35,9 +44,9 @@ enum Command {
     /// Run the CSI driver (Identity, Controller and Node services).
     Serve(ServeArgs),
     /// A CSI client for any driver's socket (probe, create, stage, publish, ...).
-    Client(cli::client::ClientArgs),
+    Client(client::ClientArgs),
     /// Benchmark whole volume lifecycles through any CSI driver, or the syscall floor.
-    Bench(cli::bench::BenchArgs),
+    Bench(bench::BenchArgs),
     /// Cluster-wide node-loss controller (a Deployment, leader-elected on a Lease).
     Controller(ControllerArgs),
 }
@@ -222,8 +231,8 @@ fn main() -> ExitCode {
 async fn run(cli: Cli) -> ExitCode {
     let res = match cli.command {
         Command::Serve(a) => serve(a).await,
-        Command::Client(a) => return cli::client::main(a).await,
-        Command::Bench(a) => return cli::bench::main(a).await,
+        Command::Client(a) => return client::main(a).await,
+        Command::Bench(a) => return bench::main(a).await,
         Command::Controller(a) => controller(a).await,
     };
     match res {
