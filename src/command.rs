@@ -211,7 +211,9 @@ impl Cmd {
 }
 
 /// A program left running by [`Cmd::start`] (the bench's driver under test):
-/// killed when dropped, like every other child.
+/// killed when dropped, like every other child. Only `localvol bench` (the
+/// `cli/` crate) starts one; it stays here so that every child the binary
+/// runs gets this module's kill-on-drop.
 pub struct Running {
     program: String,
     child: tokio::process::Child,

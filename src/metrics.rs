@@ -437,33 +437,9 @@ pub async fn bind<D: Source>(
     })
 }
 
-/// Parses `--metrics-addr` values such as `:9808` or `127.0.0.1:9808`.
-pub fn parse_addr(s: &str) -> std::result::Result<SocketAddr, String> {
-    let full = if s.starts_with(':') {
-        format!("0.0.0.0{s}")
-    } else {
-        s.to_owned()
-    };
-    full.parse()
-        .map_err(|e| format!("metrics address {s:?}: {e}"))
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn parses_addresses() {
-        assert_eq!(
-            parse_addr(":9808").unwrap(),
-            "0.0.0.0:9808".parse().unwrap()
-        );
-        assert_eq!(
-            parse_addr("127.0.0.1:1").unwrap(),
-            "127.0.0.1:1".parse().unwrap()
-        );
-        assert!(parse_addr("nope").is_err());
-    }
 
     #[test]
     fn rpc_metrics_follow_naming_conventions() {

@@ -13,7 +13,10 @@ use std::process::ExitCode;
 use clap::{Parser, Subcommand, ValueEnum};
 use localvol::config::Config;
 use localvol::endpoint::Endpoint;
-use localvol::server::{self, ServeOptions, DEFAULT_DRIVER_NAME};
+use localvol::server::{self, ServeOptions};
+
+/// The CSI driver name `serve` registers and `controller` manages by default.
+const DEFAULT_DRIVER_NAME: &str = "localvol.csi.dev";
 
 mod bench;
 mod client;
@@ -133,7 +136,7 @@ struct ServeArgs {
     #[arg(long)]
     socket_group: Option<String>,
     /// Serve Prometheus /metrics, /healthz and /readyz here (e.g. :9808).
-    #[arg(long, value_parser = localvol::metrics::parse_addr)]
+    #[arg(long, value_parser = parse_metrics_addr)]
     metrics_addr: Option<std::net::SocketAddr>,
     /// The driver's namespace, where the node-loss controller's lost records are read.
     #[arg(long, env = "POD_NAMESPACE", default_value = "kube-system")]
@@ -198,9 +201,31 @@ async fn serve(args: ServeArgs) -> Result<(), String> {
         namespace: args.namespace,
         kube_api: args.kube_api,
     };
-    server::serve(opts, server::shutdown_signal())
+    server::serve(opts, shutdown_signal())
         .await
         .map_err(|e| e.to_string())
+}
+
+/// Parses `--metrics-addr` values such as `:9808` or `127.0.0.1:9808`.
+fn parse_metrics_addr(s: &str) -> Result<std::net::SocketAddr, String> {
+    let full = if s.starts_with(':') {
+        format!("0.0.0.0{s}")
+    } else {
+        s.to_owned()
+    };
+    full.parse()
+        .map_err(|e| format!("metrics address {s:?}: {e}"))
+}
+
+/// Resolves on SIGTERM or SIGINT.
+async fn shutdown_signal() {
+    use tokio::signal::unix::{signal, SignalKind};
+    let mut term = signal(SignalKind::terminate()).expect("installing SIGTERM handler");
+    let mut int = signal(SignalKind::interrupt()).expect("installing SIGINT handler");
+    tokio::select! {
+        _ = term.recv() => tracing::info!("SIGTERM: shutting down"),
+        _ = int.recv() => tracing::info!("SIGINT: shutting down"),
+    }
 }
 
 fn main() -> ExitCode {
@@ -241,5 +266,23 @@ async fn run(cli: Cli) -> ExitCode {
             eprintln!("localvol: {e}");
             ExitCode::FAILURE
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_metrics_addresses() {
+        assert_eq!(
+            parse_metrics_addr(":9808").unwrap(),
+            "0.0.0.0:9808".parse().unwrap()
+        );
+        assert_eq!(
+            parse_metrics_addr("127.0.0.1:1").unwrap(),
+            "127.0.0.1:1".parse().unwrap()
+        );
+        assert!(parse_metrics_addr("nope").is_err());
     }
 }

@@ -19,18 +19,27 @@ mod args;
 mod report;
 mod run;
 
-pub use args::{command_args, lvcreate_args, thin_pool_args, NewLv, ThinPoolSize, LVM_CONFIG};
-pub use report::{
-    decode_tag_value, encode_tag_value, is_tag_char, parse_lv_time, parse_lvs, parse_lvs_and_vg,
-    parse_pvs, parse_vgs, LvInfo, PvInfo, VgInfo,
+// Public for `localvol bench --floor-lvm` (the `cli/` crate), which times
+// the bare LVM sequence with the driver's own `lvcreate` builder and runner:
+// `lvcreate_args`, `NewLv`, `change` and `LvmError`. The rest is the
+// driver's.
+pub use args::{lvcreate_args, NewLv};
+pub use run::LvmError;
+
+pub(crate) use args::{thin_pool_args, ThinPoolSize};
+pub(crate) use report::{
+    decode_tag_value, encode_tag_value, parse_lvs, parse_lvs_and_vg, parse_pvs, parse_vgs, LvInfo,
+    PvInfo, VgInfo,
 };
-pub use run::{classify, refused_as_held, LvmError};
+#[cfg(test)]
+pub(crate) use run::classify;
+pub(crate) use run::refused_as_held;
 
 use report::{LV_FIELDS, VG_FIELDS};
 use run::{report_args, run};
 
 /// One volume group.
-pub async fn vg(vg: &str) -> Result<VgInfo, LvmError> {
+pub(crate) async fn vg(vg: &str) -> Result<VgInfo, LvmError> {
     let mut args = report_args("vgs", VG_FIELDS);
     args.push(vg.to_owned());
     parse_vgs(&run(args).await?)?
@@ -40,7 +49,7 @@ pub async fn vg(vg: &str) -> Result<VgInfo, LvmError> {
 }
 
 /// Whether a volume group exists (`vgs` of it answers; "not found" is no).
-pub async fn vg_exists(name: &str) -> Result<bool, LvmError> {
+pub(crate) async fn vg_exists(name: &str) -> Result<bool, LvmError> {
     match vg(name).await {
         Ok(_) => Ok(true),
         Err(LvmError::NotFound(_)) => Ok(false),
@@ -49,7 +58,7 @@ pub async fn vg_exists(name: &str) -> Result<bool, LvmError> {
 }
 
 /// Every physical volume lvm sees on the node, in a VG or not.
-pub async fn pvs() -> Result<Vec<PvInfo>, LvmError> {
+pub(crate) async fn pvs() -> Result<Vec<PvInfo>, LvmError> {
     parse_pvs(&run(report_args("pvs", "pv_name,vg_name")).await?)
 }
 
@@ -57,14 +66,14 @@ pub async fn pvs() -> Result<Vec<PvInfo>, LvmError> {
 /// Never `--yes`: should a signature have appeared on one since the caller
 /// probed it, lvm's question goes unanswered and it refuses instead of
 /// wiping it.
-pub async fn vgcreate(vg: &str, devices: &[std::path::PathBuf]) -> Result<(), LvmError> {
+pub(crate) async fn vgcreate(vg: &str, devices: &[std::path::PathBuf]) -> Result<(), LvmError> {
     let mut a = vec!["vgcreate".to_owned(), vg.to_owned()];
     a.extend(devices.iter().map(|d| d.to_string_lossy().into_owned()));
     change(a).await
 }
 
 /// Adds blank `devices` to volume group `vg` (as [`vgcreate`]: no `--yes`).
-pub async fn vgextend(vg: &str, devices: &[std::path::PathBuf]) -> Result<(), LvmError> {
+pub(crate) async fn vgextend(vg: &str, devices: &[std::path::PathBuf]) -> Result<(), LvmError> {
     let mut a = vec!["vgextend".to_owned(), vg.to_owned()];
     a.extend(devices.iter().map(|d| d.to_string_lossy().into_owned()));
     change(a).await
@@ -78,7 +87,7 @@ tokio::task_local! {
 /// Runs `f` with [`lvs_once`] answering each VG from one `lvs`: pools that
 /// share a VG (a thick and a thin pool on one disk) list it once per
 /// ListVolumes. Only for reads that change nothing between them.
-pub async fn one_lvs_per_vg<F: Future>(f: F) -> F::Output {
+pub(crate) async fn one_lvs_per_vg<F: Future>(f: F) -> F::Output {
     VG_READS
         .scope(std::cell::RefCell::new(Default::default()), f)
         .await
@@ -86,7 +95,7 @@ pub async fn one_lvs_per_vg<F: Future>(f: F) -> F::Output {
 
 /// [`lvs`], answered from the enclosing [`one_lvs_per_vg`] scope when the
 /// VG was read there already.
-pub async fn lvs_once(vg: &str) -> Result<Vec<LvInfo>, LvmError> {
+pub(crate) async fn lvs_once(vg: &str) -> Result<Vec<LvInfo>, LvmError> {
     if let Ok(Some(all)) = VG_READS.try_with(|m| m.borrow().get(vg).cloned()) {
         return Ok(all);
     }
@@ -96,7 +105,7 @@ pub async fn lvs_once(vg: &str) -> Result<Vec<LvInfo>, LvmError> {
 }
 
 /// All logical volumes of a volume group.
-pub async fn lvs(vg: &str) -> Result<Vec<LvInfo>, LvmError> {
+pub(crate) async fn lvs(vg: &str) -> Result<Vec<LvInfo>, LvmError> {
     let mut args = report_args("lvs", LV_FIELDS);
     args.push(vg.to_owned());
     parse_lvs(&run(args).await?)
@@ -105,7 +114,7 @@ pub async fn lvs(vg: &str) -> Result<Vec<LvInfo>, LvmError> {
 /// All logical volumes of a volume group and, in the same run, the group
 /// itself (`lvs` reports VG fields on each row; a VG without LVs has no row,
 /// and then `vgs` answers: a second run).
-pub async fn lvs_and_vg(vg: &str) -> Result<(Vec<LvInfo>, VgInfo), LvmError> {
+pub(crate) async fn lvs_and_vg(vg: &str) -> Result<(Vec<LvInfo>, VgInfo), LvmError> {
     let fields = format!("{LV_FIELDS},{}", VG_FIELDS.trim_start_matches("vg_name,"));
     let mut args = report_args("lvs", &fields);
     args.push(vg.to_owned());
@@ -116,7 +125,7 @@ pub async fn lvs_and_vg(vg: &str) -> Result<(Vec<LvInfo>, VgInfo), LvmError> {
 }
 
 /// One logical volume, or None when it does not exist.
-pub async fn lv(vg: &str, name: &str) -> Result<Option<LvInfo>, LvmError> {
+pub(crate) async fn lv(vg: &str, name: &str) -> Result<Option<LvInfo>, LvmError> {
     let mut args = report_args("lvs", LV_FIELDS);
     args.push(format!("{vg}/{name}"));
     match run(args).await {
@@ -132,7 +141,7 @@ pub async fn change(args: Vec<String>) -> Result<(), LvmError> {
 }
 
 /// Grows `VG/LV` to `size` bytes.
-pub async fn extend(lv_path: &str, size: u64) -> Result<(), LvmError> {
+pub(crate) async fn extend(lv_path: &str, size: u64) -> Result<(), LvmError> {
     change(vec![
         "lvextend".into(),
         "--size".into(),
@@ -143,7 +152,7 @@ pub async fn extend(lv_path: &str, size: u64) -> Result<(), LvmError> {
 }
 
 /// Removes `VG/LV`; one that is already gone is fine (idempotent deletes).
-pub async fn remove(lv_path: &str) -> Result<(), LvmError> {
+pub(crate) async fn remove(lv_path: &str) -> Result<(), LvmError> {
     match change(vec!["lvremove".into(), "--yes".into(), lv_path.into()]).await {
         Ok(()) | Err(LvmError::NotFound(_)) => Ok(()),
         Err(e) => Err(e),
@@ -155,7 +164,7 @@ pub async fn remove(lv_path: &str) -> Result<(), LvmError> {
 /// and nothing can change between them. `Ok(true)`: removed; `Ok(false)`:
 /// not removed (missing, or not selected; lvm's message is not what it
 /// always was, which is also `false`): the caller looks and decides.
-pub async fn remove_selected(lv_path: &str, select: &str) -> Result<bool, LvmError> {
+pub(crate) async fn remove_selected(lv_path: &str, select: &str) -> Result<bool, LvmError> {
     let args = ["lvremove", "--yes", "--select", select, lv_path];
     match run(args.iter().map(|s| s.to_string()).collect()).await {
         Ok(out) => Ok(out.contains("successfully removed")),
@@ -166,7 +175,7 @@ pub async fn remove_selected(lv_path: &str, select: &str) -> Result<bool, LvmErr
 
 /// Renames `VG/from` to `VG/to`: one metadata commit, so an LV is found
 /// under exactly one of the two names whenever a crash comes.
-pub async fn rename(vg: &str, from: &str, to: &str) -> Result<(), LvmError> {
+pub(crate) async fn rename(vg: &str, from: &str, to: &str) -> Result<(), LvmError> {
     change(vec![
         "lvrename".into(),
         "--yes".into(),
@@ -180,7 +189,7 @@ pub async fn rename(vg: &str, from: &str, to: &str) -> Result<(), LvmError> {
 /// Turns the copy-on-write snapshot `VG/LV` into a plain LV holding its
 /// exception store (`lvconvert --splitsnapshot`), so its blocks can be
 /// zeroed through its own device before they return to the VG.
-pub async fn split_snapshot(lv_path: &str) -> Result<(), LvmError> {
+pub(crate) async fn split_snapshot(lv_path: &str) -> Result<(), LvmError> {
     change(vec![
         "lvconvert".into(),
         "--yes".into(),
@@ -192,7 +201,7 @@ pub async fn split_snapshot(lv_path: &str) -> Result<(), LvmError> {
 
 /// Activates `VG/LV`, also when it carries the activation-skip flag (thin
 /// snapshots do by default): whoever asks needs its device node.
-pub async fn activate(lv_path: &str) -> Result<(), LvmError> {
+pub(crate) async fn activate(lv_path: &str) -> Result<(), LvmError> {
     change(vec![
         "lvchange".into(),
         "--activate".into(),
@@ -204,7 +213,7 @@ pub async fn activate(lv_path: &str) -> Result<(), LvmError> {
 }
 
 /// Removes a tag from `VG/LV`.
-pub async fn delete_tag(lv_path: &str, tag: &str) -> Result<(), LvmError> {
+pub(crate) async fn delete_tag(lv_path: &str, tag: &str) -> Result<(), LvmError> {
     change(vec![
         "lvchange".into(),
         "--deltag".into(),
