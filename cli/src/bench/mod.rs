@@ -76,13 +76,6 @@
 //! delete and list rates with thousands of volumes, restart time, and
 //! throughput and memory across concurrencies. See [`scale`].
 
-use crate::client::{self, code_name, parse_param, parse_size_arg, path_str, Clients};
-use crate::requests::{self, NodeVolume};
-use clap::Args;
-use localvol::csi;
-use localvol::endpoint::Endpoint;
-use localvol::size::human;
-use serde_json::{json, Map, Value};
 use std::collections::HashMap;
 use std::fmt::Write as _;
 use std::io::ErrorKind;
@@ -92,7 +85,16 @@ use std::str::FromStr;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use clap::Args;
+use serde_json::{json, Map, Value};
 use sys_mount::MountFlags;
+
+use crate::client::{self, code_name, parse_param, parse_size_arg, path_str, Clients};
+use crate::requests::{self, NodeVolume};
+use localvol::csi;
+use localvol::endpoint::Endpoint;
+use localvol::size::human;
 
 mod floor;
 mod lifecycle;

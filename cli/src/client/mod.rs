@@ -39,8 +39,18 @@
 //! when the driver does not serve that part (UNIMPLEMENTED, or no
 //! CONTROLLER_SERVICE plugin capability).
 
-use crate::requests::{self, NodeVolume};
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::fmt;
+use std::future::Future;
+use std::process::ExitCode;
+use std::time::Duration;
+
 use clap::{Args, Subcommand, ValueEnum};
+use serde_json::{json, Value};
+use tonic::transport::Channel;
+use tonic::{Code, Request, Response, Status};
+
+use crate::requests::{self, NodeVolume};
 use localvol::csi;
 use localvol::csi::controller_client::ControllerClient;
 use localvol::csi::identity_client::IdentityClient;
@@ -48,14 +58,6 @@ use localvol::csi::node_client::NodeClient;
 use localvol::csi::volume_capability::access_mode::Mode;
 use localvol::endpoint::Endpoint;
 use localvol::size::{human, parse_size};
-use serde_json::{json, Value};
-use std::collections::{BTreeMap, HashMap, HashSet};
-use std::fmt;
-use std::future::Future;
-use std::process::ExitCode;
-use std::time::Duration;
-use tonic::transport::Channel;
-use tonic::{Code, Request, Response, Status};
 
 mod args;
 mod commands;

@@ -29,15 +29,6 @@
 //! unstaged and deleted at the end, also after an error (best effort, and
 //! reported).
 
-use super::{percentile, read_peak_rss, run_id, RunDir, ServerPid, Summary};
-use crate::client::{self, code_name, parse_param, parse_size_arg, path_str, Clients};
-use crate::requests::{self, NodeVolume};
-use clap::{Args, Subcommand};
-use localvol::command::{Cmd, Running};
-use localvol::csi;
-use localvol::endpoint::Endpoint;
-use localvol::size::human;
-use serde_json::{json, Value};
 use std::collections::HashMap;
 use std::fmt::Write as _;
 use std::future::Future;
@@ -46,6 +37,17 @@ use std::process::ExitCode;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
+
+use clap::{Args, Subcommand};
+use serde_json::{json, Value};
+
+use super::{percentile, read_peak_rss, run_id, RunDir, ServerPid, Summary};
+use crate::client::{self, code_name, parse_param, parse_size_arg, path_str, Clients};
+use crate::requests::{self, NodeVolume};
+use localvol::command::{Cmd, Running};
+use localvol::csi;
+use localvol::endpoint::Endpoint;
+use localvol::size::human;
 
 mod churn;
 mod node;
