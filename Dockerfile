@@ -4,6 +4,7 @@ WORKDIR /src
 COPY Cargo.toml Cargo.lock build.rs ./
 COPY proto proto
 COPY src src
+COPY cli cli
 COPY sanity-tests sanity-tests
 RUN cargo build --release --locked --bin localvol
 

@@ -12,6 +12,8 @@ use std::path::Path;
 use crate::command::{Cmd, CommandError};
 use crate::error::{IoContext, IoError};
 
+pub(crate) mod raw;
+
 /// A filesystem name the driver does not make.
 #[derive(Debug, thiserror::Error)]
 #[error("filesystem {0:?} is not supported (ext4 or xfs)")]
@@ -59,7 +61,7 @@ impl FsType {
 
 /// What low-level probing found on a device.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub enum Content {
+pub(crate) enum Content {
     /// No signature at all: safe to format.
     Empty,
     /// A filesystem of this type (`TYPE=` from blkid).
@@ -71,7 +73,7 @@ pub enum Content {
 }
 
 /// Parses `blkid -p -o export` output.
-pub fn parse_blkid_export(out: &str) -> Content {
+pub(crate) fn parse_blkid_export(out: &str) -> Content {
     let get = |key: &str| {
         out.lines()
             .find_map(|l| l.strip_prefix(key).and_then(|v| v.strip_prefix('=')))
@@ -90,12 +92,12 @@ pub fn parse_blkid_export(out: &str) -> Content {
 }
 
 /// Probes a device's content. blkid exits 2 when it finds nothing.
-pub async fn probe(dev: &Path) -> Result<Content, CommandError> {
+pub(crate) async fn probe(dev: &Path) -> Result<Content, CommandError> {
     Ok(probe_labelled(dev).await?.0)
 }
 
 /// Like [`probe`], with the filesystem's label (`LABEL=`), if it has one.
-pub async fn probe_labelled(dev: &Path) -> Result<(Content, Option<String>), CommandError> {
+pub(crate) async fn probe_labelled(dev: &Path) -> Result<(Content, Option<String>), CommandError> {
     let res = Cmd::new("blkid")
         .args(["-p", "-o", "export"])
         .arg(dev)
@@ -109,7 +111,7 @@ pub async fn probe_labelled(dev: &Path) -> Result<(Content, Option<String>), Com
 }
 
 /// `LABEL=` of `blkid -p -o export` output.
-pub fn blkid_label(out: &str) -> Option<String> {
+pub(crate) fn blkid_label(out: &str) -> Option<String> {
     out.lines()
         .find_map(|l| l.strip_prefix("LABEL="))
         .map(str::to_owned)
@@ -119,12 +121,12 @@ pub fn blkid_label(out: &str) -> Option<String> {
 /// (`device:`): what tells it, at the next start, that the filesystem there
 /// is its own and may be mounted.
 /// (XFS labels hold at most 12 bytes.)
-pub const POOL_FS_LABEL: &str = "localvol-dir";
+pub(crate) const POOL_FS_LABEL: &str = "localvol-dir";
 
 /// `mkfs.xfs` of a dir pool's blank disk, labelled [`POOL_FS_LABEL`]. The
 /// caller probed the disk blank first; mkfs.xfs itself refuses a device
 /// with a signature (no `-f`).
-pub fn mkfs_pool_command(dev: &Path) -> Cmd {
+pub(crate) fn mkfs_pool_command(dev: &Path) -> Cmd {
     Cmd::new("mkfs.xfs")
         .args(["-q", "-L", POOL_FS_LABEL])
         .arg(dev)
@@ -135,7 +137,7 @@ pub fn mkfs_pool_command(dev: &Path) -> Cmd {
 /// the device blank; otherwise returns what is there, untouched. Existing data
 /// is never overwritten, and the one probe serves both the decision and the
 /// caller's view of the content.
-pub async fn format_if_blank(dev: &Path, fs: FsType) -> Result<Content, CommandError> {
+pub(crate) async fn format_if_blank(dev: &Path, fs: FsType) -> Result<Content, CommandError> {
     match probe(dev).await? {
         Content::Empty => {
             mkfs_command(dev, fs).run().await?;
@@ -151,21 +153,18 @@ pub async fn format_if_blank(dev: &Path, fs: FsType) -> Result<Content, CommandE
 /// not mount, or mounts half-made). Signatures found are erased first, so
 /// nothing of the old attempt can be probed afterwards. Returns what was
 /// found before.
-pub async fn format_whole(dev: &Path, fs: FsType) -> Result<Content, CommandError> {
+pub(crate) async fn format_whole(dev: &Path, fs: FsType) -> Result<Content, CommandError> {
     let found = probe(dev).await?;
     if found != Content::Empty {
-        Cmd::new("wipefs")
-            .args(["--all", "--force", "--quiet"])
-            .arg(dev)
-            .run()
-            .await?;
+        raw::erase_signatures(dev).await?;
     }
     mkfs_command(dev, fs).run().await?;
     Ok(found)
 }
 
-/// The mkfs invocation [`format_if_blank`] runs, without the probe (`localvol bench
-/// --floor-lvm` times exactly this, so the floor formats like the driver).
+/// The mkfs invocation [`format_if_blank`] runs, without the probe. Public
+/// for `localvol bench --floor-lvm` (the `cli/` crate), which times exactly
+/// this, so the floor formats like the driver.
 pub fn mkfs_command(dev: &Path, fs: FsType) -> Cmd {
     let cmd = match fs {
         // No root-reserved blocks: the whole volume belongs to its pod.
@@ -177,7 +176,11 @@ pub fn mkfs_command(dev: &Path, fs: FsType) -> Cmd {
 }
 
 /// Grows a mounted filesystem to fill its (already larger) device.
-pub async fn grow_fs(dev: &Path, mount_point: &Path, fs: FsType) -> Result<(), CommandError> {
+pub(crate) async fn grow_fs(
+    dev: &Path,
+    mount_point: &Path,
+    fs: FsType,
+) -> Result<(), CommandError> {
     let cmd = match fs {
         FsType::Ext4 => Cmd::new("resize2fs").arg(dev),
         FsType::Xfs => Cmd::new("xfs_growfs").arg(mount_point),
@@ -191,7 +194,7 @@ pub async fn grow_fs(dev: &Path, mount_point: &Path, fs: FsType) -> Result<(), C
 nix::ioctl_read!(blkgetsize64, 0x12, 114, u64);
 
 /// Size of a block device in bytes (blocking).
-pub fn device_size(dev: &Path) -> Result<u64, IoError> {
+pub(crate) fn device_size(dev: &Path) -> Result<u64, IoError> {
     let f = File::open(dev).ctx(|| format!("opening {dev:?}"))?;
     let mut size = 0u64;
     // SAFETY: BLKGETSIZE64 writes one u64 to the pointer.
@@ -206,7 +209,7 @@ nix::ioctl_write_ptr_bad!(blkzeroout, nix::request_code_none!(0x12, 127), [u64; 
 /// mapper target, another `O_EXCL` opener) has it, and nobody can mount or
 /// claim it while this is held. [`ExclusiveDevice::zero`] makes ranges of it
 /// read as zeroes. Blocking: use it inside [`crate::error::blocking`].
-pub struct ExclusiveDevice {
+pub(crate) struct ExclusiveDevice {
     file: File,
     path: std::path::PathBuf,
     size: u64,

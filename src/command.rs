@@ -146,6 +146,10 @@ impl Cmd {
     pub fn argv(&self) -> impl Iterator<Item = &OsString> {
         self.args.iter()
     }
+    /// How long the command may run before it is killed (tests).
+    pub fn limit(&self) -> Duration {
+        self.timeout
+    }
 
     /// Runs the command; a non-zero exit is an error carrying stderr.
     pub async fn run(mut self) -> Result<Output, CommandError> {
@@ -207,7 +211,9 @@ impl Cmd {
 }
 
 /// A program left running by [`Cmd::start`] (the bench's driver under test):
-/// killed when dropped, like every other child.
+/// killed when dropped, like every other child. Only `localvol bench` (the
+/// `cli/` crate) starts one; it stays here so that every child the binary
+/// runs gets this module's kill-on-drop.
 pub struct Running {
     program: String,
     child: tokio::process::Child,

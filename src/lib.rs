@@ -25,12 +25,17 @@ mod nodeops;
 mod orphans;
 mod pool;
 pub mod quota;
+mod runs;
 pub mod server;
 mod service;
 pub mod size;
 mod task;
 #[cfg(test)]
 mod testing;
+
+/// The driver's version (the workspace root's `Cargo.toml`): what
+/// GetPluginInfo reports and `localvol --version` prints.
+pub const VERSION: &str = env!("CARGO_PKG_VERSION");
 
 /// The tests' fake Kubernetes API server (`k8s/fake.rs`), for the test
 /// crates that start the real binary against it; never in a normal build.

@@ -297,9 +297,9 @@ fn record_wipes(m: &Metrics, labels: &PoolLabels, w: crate::pool::Wipes) {
     }
 }
 
-/// The lvm run counters brought up to `lvm::runs()` (they only grow).
+/// The lvm run counters brought up to `runs::lvm_runs()` (they only grow).
 fn record_lvm_runs(m: &Metrics) {
-    for (caller, command, n) in crate::lvm::runs() {
+    for (caller, command, n) in crate::runs::lvm_runs() {
         let c = m.lvm_runs.get_or_create(&LvmRunLabels { caller, command });
         c.inc_by(n.saturating_sub(c.get()));
     }
@@ -321,7 +321,7 @@ pub trait Source: Send + Sync + 'static {
 
 /// Refreshes the pool and volume gauges from the pools, then encodes everything.
 pub async fn render(pools: &Pools) -> String {
-    crate::lvm::attributed("metrics", render_pools(pools)).await
+    crate::runs::attributed("metrics", render_pools(pools)).await
 }
 
 async fn render_pools(pools: &Pools) -> String {
@@ -457,33 +457,9 @@ pub async fn bind<D: Source>(
     })
 }
 
-/// Parses `--metrics-addr` values such as `:9808` or `127.0.0.1:9808`.
-pub fn parse_addr(s: &str) -> std::result::Result<SocketAddr, String> {
-    let full = if s.starts_with(':') {
-        format!("0.0.0.0{s}")
-    } else {
-        s.to_owned()
-    };
-    full.parse()
-        .map_err(|e| format!("metrics address {s:?}: {e}"))
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn parses_addresses() {
-        assert_eq!(
-            parse_addr(":9808").unwrap(),
-            "0.0.0.0:9808".parse().unwrap()
-        );
-        assert_eq!(
-            parse_addr("127.0.0.1:1").unwrap(),
-            "127.0.0.1:1".parse().unwrap()
-        );
-        assert!(parse_addr("nope").is_err());
-    }
 
     #[test]
     fn rpc_metrics_follow_naming_conventions() {

@@ -343,7 +343,7 @@ pub fn probe(path: &Path) -> Result<Option<Probe>, IoError> {
 }
 
 /// Per-mount flags a request may ask for on a bind mount.
-pub fn parse_bind_flag(opt: &str) -> Option<MountFlags> {
+pub(crate) fn parse_bind_flag(opt: &str) -> Option<MountFlags> {
     Some(match opt {
         "ro" => MountFlags::RDONLY,
         "rw" | "defaults" => MountFlags::empty(),
@@ -360,6 +360,8 @@ pub fn parse_bind_flag(opt: &str) -> Option<MountFlags> {
 
 /// Bind-mounts `src` onto `target` (blocking). Flags other than BIND are applied
 /// by a second remount: the kernel ignores them on the first bind.
+/// `bind`, [`mount_device`] and [`unmount`] are public for `localvol bench`'s
+/// floors (the `cli/` crate), which mount exactly as the driver does.
 pub fn bind(src: &Path, target: &Path, flags: MountFlags) -> Result<(), IoError> {
     Mount::builder()
         .fstype("none")
@@ -405,7 +407,7 @@ pub fn unmount(target: &Path) -> Result<(), IoError> {
 
 /// The device node behind a device path (following `/dev/<vg>/<lv>` symlinks),
 /// checked to be a block device.
-pub fn block_device(dev: &Path) -> Result<(PathBuf, fs::Metadata)> {
+pub(crate) fn block_device(dev: &Path) -> Result<(PathBuf, fs::Metadata)> {
     let real = fs::canonicalize(dev).map_err(|e| match e.kind() {
         ErrorKind::NotFound => MountError::DeviceMissing { dev: dev.into() },
         _ => IoError::new(format!("resolving {dev:?}"), e).into(),
@@ -419,7 +421,7 @@ pub fn block_device(dev: &Path) -> Result<(PathBuf, fs::Metadata)> {
 
 /// Where a device node itself (not its filesystem) shows in `table`: what a
 /// bind of the node, such as a raw block volume's publication, looks like.
-pub fn locate_device_node(table: &MountTable, dev: &Path) -> Result<Location> {
+pub(crate) fn locate_device_node(table: &MountTable, dev: &Path) -> Result<Location> {
     let (real, _) = block_device(dev)?;
     table
         .locate(&real)

@@ -37,8 +37,6 @@ type Result<T, E = ServeError> = std::result::Result<T, E>;
 use crate::service::{controller::ControllerService, identity::IdentityService, node::NodeService};
 use crate::task::AbortOnDrop;
 
-pub const DEFAULT_DRIVER_NAME: &str = "localvol.csi.dev";
-
 #[derive(Clone, Debug)]
 pub struct ServeOptions {
     pub endpoint: Endpoint,
@@ -364,17 +362,6 @@ fn bind_unix(path: &Path, group: Option<&str>) -> Result<tokio::net::UnixListene
             .ctx(|| format!("chmod {path:?}"))?;
     }
     Ok(listener)
-}
-
-/// Resolves on SIGTERM or SIGINT.
-pub async fn shutdown_signal() {
-    use tokio::signal::unix::{signal, SignalKind};
-    let mut term = signal(SignalKind::terminate()).expect("installing SIGTERM handler");
-    let mut int = signal(SignalKind::interrupt()).expect("installing SIGINT handler");
-    tokio::select! {
-        _ = term.recv() => tracing::info!("SIGTERM: shutting down"),
-        _ = int.recv() => tracing::info!("SIGINT: shutting down"),
-    }
 }
 
 #[cfg(test)]

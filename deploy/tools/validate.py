@@ -1243,8 +1243,8 @@ def check_dockerfile(dockerfile, makefile):
     workdir = re.findall(r"^WORKDIR\s+(\S+)", df.split(runs[0])[0], re.M)
     copies = re.findall(r"^COPY\s+(?!--from)(.*)$", df, re.M)
     copied = {w for c in copies for w in c.split()[:-1]}
-    R.check(not bad and {"Cargo.toml", "Cargo.lock", "src"} <= copied and workdir,
-            f"{dockerfile}: it builds this workspace (Cargo.toml, Cargo.lock, src copied to "
+    R.check(not bad and {"Cargo.toml", "Cargo.lock", "src", "cli"} <= copied and workdir,
+            f"{dockerfile}: it builds this workspace (Cargo.toml, Cargo.lock, src, cli copied to "
             f"WORKDIR {workdir[-1] if workdir else '?'}; no other manifest, package or features)",
             f"flags {bad}, copied {sorted(copied)}")
     mk = open(os.path.join(REPO, makefile)).read()

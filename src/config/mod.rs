@@ -226,6 +226,7 @@ fn default_fs() -> String {
 }
 
 /// Names LVM accepts for a VG or LV (`lvm(8)`): `[A-Za-z0-9+_.-]`, not starting with `-`.
+/// Also `localvol bench --floor-lvm`'s check of its VG argument.
 pub fn is_lvm_name(s: &str) -> bool {
     !s.is_empty()
         && s.len() <= 127

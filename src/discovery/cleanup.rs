@@ -258,24 +258,7 @@ async fn run_method(
         }
         (CleanupMethod::Zero, EntryKind::Device { .. }) => {
             let size = vol.capacity_bytes;
-            Cmd::new("dd")
-                .arg("if=/dev/zero")
-                .arg({
-                    let mut a = std::ffi::OsString::from("of=");
-                    a.push(target.as_os_str());
-                    a
-                })
-                .args([
-                    "bs=1M".to_string(),
-                    format!("count={size}"),
-                    "iflag=count_bytes".into(),
-                    "oflag=direct".into(),
-                    "conv=fsync,notrunc".into(),
-                    "status=none".into(),
-                ])
-                .timeout(WIPE_TIMEOUT)
-                .run()
-                .await?;
+            crate::blockdev::raw::zero(&target, size, WIPE_TIMEOUT).await?;
             Ok(())
         }
         (CleanupMethod::Shred, EntryKind::Device { .. }) => {

@@ -263,7 +263,7 @@ where
     F: Future<Output = Result<T>>,
 {
     let start = Instant::now();
-    let res = crate::lvm::attributed(method, f).await.map(Response::new);
+    let res = crate::runs::attributed(method, f).await.map(Response::new);
     let code = match &res {
         Ok(_) => Code::Ok,
         Err(s) => s.code(),

@@ -463,18 +463,9 @@ impl LvmPool {
             self.activate_lv(&lv.name).await?;
         }
         if wipe && self.thin.is_none() {
-            let dev = format!("/dev/{path}");
-            crate::command::Cmd::new("wipefs")
-                .args(["--all", "--force", "--quiet"])
-                .arg(&dev)
-                .run()
-                .await?;
-            crate::command::Cmd::new("dd")
-                .args(["if=/dev/zero", "bs=4096", "count=1", "oflag=direct"])
-                .args(["conv=fsync,notrunc", "status=none"])
-                .arg(format!("of={dev}"))
-                .run()
-                .await?;
+            let dev = std::path::PathBuf::from(format!("/dev/{path}"));
+            crate::blockdev::raw::erase_signatures(&dev).await?;
+            crate::blockdev::raw::zero_start(&dev).await?;
         }
         if lv.has_tag(TAG_CREATING) {
             lvm::delete_tag(&path, TAG_CREATING).await?;

@@ -33,44 +33,10 @@ pub(super) async fn copy_and_mark(vg: String, from: String, to: String, bytes: u
             "/dev/{vg}/{to} is not a block device (LV not active?)"
         )));
     }
-    crate::command::Cmd::new("dd")
-        .arg(format!("if=/dev/{vg}/{from}"))
-        .arg(format!("of=/dev/{vg}/{to}"))
-        .args([
-            "bs=4M",
-            "iflag=count_bytes",
-            "oflag=direct",
-            "conv=fsync,notrunc",
-            "status=none",
-        ])
-        .arg(format!("count={bytes}"))
-        .timeout(std::time::Duration::from_secs(24 * 3600))
-        .run()
-        .await?;
+    let (from, to_dev) = (format!("/dev/{vg}/{from}"), format!("/dev/{vg}/{to}"));
+    crate::blockdev::raw::copy(Path::new(&from), Path::new(&to_dev), bytes).await?;
     lvm::delete_tag(&format!("{vg}/{to}"), TAG_RESTORING).await?;
     Ok(())
-}
-
-/// Whether a `dd` with the argument `target` (`of=/dev/VG/LV`) runs, as seen
-/// in `proc`'s `<pid>/cmdline` files: a copy a killed driver left behind.
-pub(super) fn copy_running(proc: &Path, target: &str) -> bool {
-    let Ok(entries) = std::fs::read_dir(proc) else {
-        return false;
-    };
-    entries.flatten().any(|e| {
-        let is_pid = e
-            .file_name()
-            .to_str()
-            .is_some_and(|n| n.bytes().all(|b| b.is_ascii_digit()));
-        is_pid
-            && std::fs::read(e.path().join("cmdline")).is_ok_and(|c| {
-                let mut args = c.split(|&b| b == 0);
-                let is_dd = args
-                    .next()
-                    .is_some_and(|a0| a0 == b"dd" || a0.ends_with(b"/dd"));
-                is_dd && args.any(|a| a == target.as_bytes())
-            })
-    })
 }
 
 fn describe_encryption(e: Option<crate::pool::Encryption>) -> String {
@@ -298,11 +264,13 @@ impl LvmPool {
                 .lock()
                 .expect("copies lock poisoned")
                 .contains_key(&name);
-            let target = format!("of=/dev/{}", self.lv_path(&name));
+            let target = PathBuf::from(format!("/dev/{}", self.lv_path(&name)));
             let running = !ours && {
-                let t = target.clone();
                 crate::error::blocking(move || {
-                    Ok::<_, PoolError>(copy_running(Path::new("/proc"), &t))
+                    Ok::<_, PoolError>(crate::blockdev::raw::copy_running(
+                        Path::new("/proc"),
+                        &target,
+                    ))
                 })
                 .await?
             };

@@ -302,28 +302,6 @@ fn sized(required: u64, limit: u64) -> Result<u64> {
 }
 
 #[test]
-fn a_leftover_copy_is_found_by_its_target() {
-    let proc = tempfile::tempdir().unwrap();
-    let pid = |n: &str, cmdline: &[u8]| {
-        std::fs::create_dir(proc.path().join(n)).unwrap();
-        std::fs::write(proc.path().join(n).join("cmdline"), cmdline).unwrap();
-    };
-    pid("self", b"dd\0of=/dev/vg/lv-a\0");
-    pid(
-        "12",
-        b"/usr/bin/dd\0if=/dev/vg/sn-b\0of=/dev/vg/lv-b\0bs=4M\0",
-    );
-    pid("13", b"cat\0of=/dev/vg/lv-c\0");
-    pid("14", b"");
-    let t = proc.path();
-    assert!(copy_running(t, "of=/dev/vg/lv-b"));
-    assert!(!copy_running(t, "of=/dev/vg/lv-a"), "not a pid dir");
-    assert!(!copy_running(t, "of=/dev/vg/lv-c"), "not dd");
-    assert!(!copy_running(t, "of=/dev/vg/lv-bb"));
-    assert!(!copy_running(&t.join("missing"), "of=/dev/vg/lv-b"));
-}
-
-#[test]
 fn sizes_are_whole_extents_within_the_range() {
     assert_eq!(sized(0, 0).unwrap(), 1024 * MI, "default");
     assert_eq!(sized(1, 0).unwrap(), 4 * MI, "rounded up");

@@ -94,7 +94,7 @@ impl Wiper {
             wipe_nanos: AtomicU64::new(0),
             rate,
         });
-        let task = tokio::spawn(lvm::attributed("wipe", shared.clone().run()));
+        let task = tokio::spawn(crate::runs::attributed("wipe", shared.clone().run()));
         Wiper {
             shared,
             _task: AbortOnDrop(task),

@@ -495,7 +495,7 @@ mod tests {
         let h = r.to_human();
         assert!(h.contains("vg/tp") && h.contains("Delete(lvremove)"), "{h}");
         // Each floor step starts with the CSI step's short name.
-        for (floor, rpc) in LVM_FLOOR_STEPS.iter().zip(super::super::RPC_STEPS) {
+        for (floor, rpc) in LVM_FLOOR_STEPS.iter().zip(crate::bench::RPC_STEPS) {
             let short = floor.split('(').next().unwrap();
             assert!(rpc.contains(short), "{floor} vs {rpc}");
         }

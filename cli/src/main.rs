@@ -1,4 +1,11 @@
 //! `localvol`: the CSI driver, a CSI client and a benchmark, as subcommands.
+//!
+//! This crate is the one binary: `serve` and `controller` run the driver
+//! library (`localvol`); `client` (one RPC at a time, for operators) and
+//! `bench` (lifecycle benchmarks against any CSI driver's socket) live here
+//! only. They use the library as any client would (endpoints, sizes, the
+//! proto bindings, and the LVM and mount helpers of the bench's bare floor);
+//! the library knows nothing of them.
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -6,14 +13,19 @@ use std::process::ExitCode;
 use clap::{Parser, Subcommand, ValueEnum};
 use localvol::config::Config;
 use localvol::endpoint::Endpoint;
-use localvol::server::{self, ServeOptions, DEFAULT_DRIVER_NAME};
+use localvol::server::{self, ServeOptions};
 
-mod cli;
+/// The CSI driver name `serve` registers and `controller` manages by default.
+const DEFAULT_DRIVER_NAME: &str = "localvol.csi.dev";
+
+mod bench;
+mod client;
+mod requests;
 
 #[derive(Parser)]
 #[command(
     name = "localvol",
-    version,
+    version = localvol::VERSION,
     about = "Kubernetes CSI driver for node-local storage"
 )]
 struct Cli {
@@ -39,9 +51,9 @@ enum Command {
     #[command(after_help = LOG_ENV_HELP)]
     Serve(ServeArgs),
     /// A CSI client for any driver's socket (probe, create, stage, publish, ...).
-    Client(cli::client::ClientArgs),
+    Client(client::ClientArgs),
     /// Benchmark whole volume lifecycles through any CSI driver, or the syscall floor.
-    Bench(cli::bench::BenchArgs),
+    Bench(bench::BenchArgs),
     /// Cluster-wide node-loss controller (a Deployment, leader-elected on a Lease).
     #[command(after_help = LOG_ENV_HELP)]
     Controller(ControllerArgs),
@@ -141,7 +153,7 @@ struct ServeArgs {
     #[arg(long)]
     socket_group: Option<String>,
     /// Serve Prometheus /metrics, /healthz and /readyz here (e.g. :9808).
-    #[arg(long, value_parser = localvol::metrics::parse_addr)]
+    #[arg(long, value_parser = parse_metrics_addr)]
     metrics_addr: Option<std::net::SocketAddr>,
     /// The driver's namespace, where the node-loss controller's lost records are read.
     #[arg(long, env = "POD_NAMESPACE", default_value = "kube-system")]
@@ -206,9 +218,31 @@ async fn serve(args: ServeArgs) -> Result<(), String> {
         namespace: args.namespace,
         kube_api: args.kube_api,
     };
-    server::serve(opts, server::shutdown_signal())
+    server::serve(opts, shutdown_signal())
         .await
         .map_err(|e| e.to_string())
+}
+
+/// Parses `--metrics-addr` values such as `:9808` or `127.0.0.1:9808`.
+fn parse_metrics_addr(s: &str) -> Result<std::net::SocketAddr, String> {
+    let full = if s.starts_with(':') {
+        format!("0.0.0.0{s}")
+    } else {
+        s.to_owned()
+    };
+    full.parse()
+        .map_err(|e| format!("metrics address {s:?}: {e}"))
+}
+
+/// Resolves on SIGTERM or SIGINT.
+async fn shutdown_signal() {
+    use tokio::signal::unix::{signal, SignalKind};
+    let mut term = signal(SignalKind::terminate()).expect("installing SIGTERM handler");
+    let mut int = signal(SignalKind::interrupt()).expect("installing SIGINT handler");
+    tokio::select! {
+        _ = term.recv() => tracing::info!("SIGTERM: shutting down"),
+        _ = int.recv() => tracing::info!("SIGINT: shutting down"),
+    }
 }
 
 fn main() -> ExitCode {
@@ -239,8 +273,8 @@ fn main() -> ExitCode {
 async fn run(cli: Cli) -> ExitCode {
     let res = match cli.command {
         Command::Serve(a) => serve(a).await,
-        Command::Client(a) => return cli::client::main(a).await,
-        Command::Bench(a) => return cli::bench::main(a).await,
+        Command::Client(a) => return client::main(a).await,
+        Command::Bench(a) => return bench::main(a).await,
         Command::Controller(a) => controller(a).await,
         Command::Config(ConfigCommand::Check { files }) => {
             let mut refused = 0;
@@ -265,5 +299,23 @@ async fn run(cli: Cli) -> ExitCode {
             eprintln!("localvol: {e}");
             ExitCode::FAILURE
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_metrics_addresses() {
+        assert_eq!(
+            parse_metrics_addr(":9808").unwrap(),
+            "0.0.0.0:9808".parse().unwrap()
+        );
+        assert_eq!(
+            parse_metrics_addr("127.0.0.1:1").unwrap(),
+            "127.0.0.1:1".parse().unwrap()
+        );
+        assert!(parse_metrics_addr("nope").is_err());
     }
 }

@@ -1,0 +1,69 @@
+//! Counters that layers below the metrics write and `metrics` reads: lvm
+//! runs, counted per caller and subcommand for `/metrics`
+//! (`localvol_lvm_runs_total`). A leaf module of its own, so that `lvm`'s
+//! runner can count into it while `metrics` (which reads the pools, which
+//! call `lvm`) renders it, without an import cycle.
+
+use std::collections::BTreeMap;
+use std::future::Future;
+use std::sync::Mutex;
+
+tokio::task_local! {
+    /// What the running task works for (an RPC's method, `wipe`, `metrics`,
+    /// ...), set by [`attributed`]: each lvm run is counted under it.
+    static CALLER: &'static str;
+}
+
+/// lvm runs so far, by (caller, subcommand): process starts are what an LVM
+/// volume's lifecycle costs, so they are counted, not estimated
+/// (`localvol_lvm_runs_total` on /metrics, read by `vm/bench-lvm`).
+static RUNS: Mutex<BTreeMap<(&'static str, &'static str), u64>> = Mutex::new(BTreeMap::new());
+
+/// Runs `f` with its lvm runs counted under `caller` (runs outside any such
+/// scope count under `other`). Tasks that `f` spawns are not covered.
+pub async fn attributed<F: Future>(caller: &'static str, f: F) -> F::Output {
+    CALLER.scope(caller, f).await
+}
+
+/// Every (caller, subcommand, runs) counted so far (`metrics` reads them).
+pub fn lvm_runs() -> Vec<(&'static str, &'static str, u64)> {
+    let runs = RUNS.lock().unwrap_or_else(|e| e.into_inner());
+    runs.iter().map(|(&(c, s), &n)| (c, s, n)).collect()
+}
+
+/// Counts one lvm run of subcommand `sub` (`lvm`'s runner names it: one of
+/// a few, or `other`) under the running task's caller.
+pub fn count_lvm_run(sub: &'static str) {
+    let caller = CALLER.try_with(|c| *c).unwrap_or("other");
+    let mut runs = RUNS.lock().unwrap_or_else(|e| e.into_inner());
+    *runs.entry((caller, sub)).or_default() += 1;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn runs_are_counted_by_caller_and_subcommand() {
+        let counted = |caller, sub| {
+            lvm_runs()
+                .into_iter()
+                .find(|&(c, s, _)| c == caller && s == sub)
+                .map_or(0, |r| r.2)
+        };
+        attributed("test-caller", async {
+            count_lvm_run("lvs");
+            count_lvm_run("lvs");
+            count_lvm_run("other");
+        })
+        .await;
+        count_lvm_run("vgs");
+        assert_eq!(counted("test-caller", "lvs"), 2);
+        assert_eq!(counted("test-caller", "other"), 1);
+        assert_eq!(
+            counted("test-caller", "vgs"),
+            0,
+            "counted outside the scope"
+        );
+    }
+}
