@@ -294,6 +294,36 @@ fn errors_below_the_services_name_failures_not_codes() {
     );
 }
 
+#[test]
+fn the_services_choose_no_code_but_invalid_argument() {
+    // A handler refuses bad input with INVALID_ARGUMENT while it decodes;
+    // every other code is chosen in service/status.rs (from a layer's error
+    // or a `Refusal`), so a code is decided in one place.
+    let mut found = Vec::new();
+    for s in sources() {
+        if s.module != "service" || s.path.ends_with("status.rs") {
+            continue;
+        }
+        for (i, line) in s.code.lines().enumerate() {
+            let mut rest = line;
+            while let Some(at) = rest.find("Status::") {
+                rest = &rest[at + "Status::".len()..];
+                let ctor: String = rest
+                    .chars()
+                    .take_while(|c| c.is_ascii_alphanumeric() || *c == '_')
+                    .collect();
+                if ctor != "invalid_argument" && rest[ctor.len()..].starts_with('(') {
+                    found.push(format!("{}:{}: Status::{ctor}", s.path, i + 1));
+                }
+            }
+        }
+    }
+    assert!(
+        found.is_empty(),
+        "statuses other than INVALID_ARGUMENT built in service/: {found:#?}"
+    );
+}
+
 /// ARCHITECTURE.md's "Module dependencies" block as a graph: `a -> b, c`
 /// entries (several may share a line, a list may go on over indented
 /// lines) and one `(no dependencies: ...)` list.
