@@ -221,6 +221,14 @@ impl NodeLoss {
                 }
             }
         }
+        let api: Api<PersistentVolume> = Api::all(self.client.clone());
+        if pv.metadata.deletion_timestamp.is_some() {
+            // Deleted on an earlier pass and still held: by
+            // `kubernetes.io/pv-protection` while its claim is bound, or by
+            // the provisioner's finalizer, which is ours to take off. A
+            // second DELETE changes nothing and would repeat the Event.
+            return self.release_finalizer(&api, pv, node, report).await;
+        }
         self.event(
             pv,
             EventType::Warning,
@@ -233,7 +241,6 @@ impl NodeLoss {
             ),
         )
         .await;
-        let api: Api<PersistentVolume> = Api::all(self.client.clone());
         let dp = DeleteParams {
             preconditions: Some(Preconditions {
                 uid: pv.metadata.uid.clone(),

@@ -13,7 +13,7 @@ use super::lease::Elector;
 use super::nodeloss::{ANN_DELETE_ON_NODE_LOSS, PROVISIONER_FINALIZER};
 use super::{NodeLoss, PassReport};
 use crate::ids::TOPOLOGY_KEY;
-use crate::k8s::fake::{Fake, PVS};
+use crate::k8s::fake::{Fake, PVS, PV_PROTECTION};
 
 const DRIVER: &str = "localvol.csi.dev";
 /// The controller's namespace (lost records live there).
@@ -343,6 +343,55 @@ async fn scenario_lost_node_pv_with_provisioner_finalizer_is_deleted() {
     .unwrap();
     assert_eq!(r.released_finalizers, Vec::<String>::new());
     assert!(!s.log().iter().any(|l| l.starts_with("PATCH")));
+}
+
+#[tokio::test]
+async fn scenario_a_pv_held_by_pv_protection_is_deleted_once() {
+    let s = Scenario::new(
+        "a lost node's PV whose claim is still bound stays Terminating; later passes leave it",
+    );
+    // As the API server keeps it: pv-protection (added at creation) holds
+    // a Bound PV; its claim exists and has not opted in.
+    let mut lost = pv_with_finalizer("pv-b", DRIVER, "gone", "claim-b");
+    lost["metadata"]["finalizers"] = json!([PROVISIONER_FINALIZER, PV_PROTECTION]);
+    s.put(
+        &format!("{PVCS}/claim-b"),
+        pvc("claim-b", "pv-b", "local", false),
+    );
+    let r = pass_after_grace(&s, vec![], std::slice::from_ref(&lost)).await;
+    assert_eq!(r.deleted_pvs, ["pv-b"]);
+    assert_eq!(r.released_finalizers, ["pv-b"]);
+    let (finalizers, terminating) = finalizers_of(&s, "pv-b");
+    assert!(terminating, "{finalizers}");
+    assert_eq!(finalizers, json!([PV_PROTECTION]));
+
+    // The next passes see it Terminating: no second DELETE, no second Event.
+    let held = s.api.lock().unwrap().pv("pv-b").unwrap().clone();
+    let before = s.log().len();
+    let nl = NodeLoss::new(s.client.clone(), DRIVER, "ctrl-0", NS, Duration::ZERO);
+    for _ in 0..2 {
+        let r = tokio::time::timeout(
+            TIMEOUT,
+            nl.pass(
+                Instant::now(),
+                &store(vec![]),
+                &store(pvs_of(std::slice::from_ref(&held))),
+            ),
+        )
+        .await
+        .unwrap()
+        .unwrap();
+        assert_eq!(r.deleted_pvs, Vec::<String>::new());
+        assert_eq!(r.released_finalizers, Vec::<String>::new());
+    }
+    let later = &s.log()[before..];
+    assert!(
+        !later
+            .iter()
+            .any(|l| l.starts_with("DELETE") || l == "EVENT NodeLost"),
+        "{later:?}"
+    );
+    assert!(finalizers_of(&s, "pv-b").1, "still held by pv-protection");
 }
 
 #[tokio::test]
