@@ -241,7 +241,13 @@ pub fn mapped_device(name: &str) -> Result<Option<String>> {
 ///   only time anything is written to it); a LUKS volume is opened with
 ///   `key` ([`CryptError::WrongKey`] when it does not fit, and nothing
 ///   changed); anything else is refused.
-pub async fn ensure_open(backing: &Path, name: &str, key: &Key) -> Result<PathBuf> {
+/// - `fresh`: the pool records that nothing was ever written through the
+///   mapping (the LV is still marked unformatted). Then a LUKS header that
+///   does not open, or bytes that are not one, can only be what a
+///   `luksFormat` of the driver's own left when it was cut short: its
+///   signatures are erased and the volume is formatted again. A filesystem
+///   on the LV is refused as ever.
+pub async fn ensure_open(backing: &Path, name: &str, key: &Key, fresh: bool) -> Result<PathBuf> {
     let (b, n) = (backing.to_path_buf(), name.to_owned());
     let (mapped, want) = crate::error::blocking(move || -> Result<_> {
         Ok((mapped_device(&n)?, device_number(&b)?))
@@ -259,17 +265,19 @@ pub async fn ensure_open(backing: &Path, name: &str, key: &Key) -> Result<PathBu
         None => {}
     }
     match blockdev::probe(backing).await? {
-        Content::Empty => match format_command(backing, key).run().await {
-            Ok(_) => {}
-            Err(e) if e.exit_code() == Some(5) => {
-                return Err(CryptError::DeviceBusy {
-                    dev: backing.into(),
-                    why: e.to_string(),
-                })
+        Content::Empty => format(backing, key).await?,
+        Content::Luks => match open(backing, name, key).await {
+            Err(e) if fresh && !matches!(e, CryptError::DeviceBusy { .. }) => {
+                reformat(
+                    backing,
+                    key,
+                    &format!("a LUKS header that does not open ({e})"),
+                )
+                .await?
             }
-            Err(e) => return Err(e.into()),
+            opened => return opened,
         },
-        Content::Luks => {}
+        Content::Other(what) if fresh => reformat(backing, key, &what).await?,
         Content::Filesystem(t) => {
             return Err(CryptError::NotLuks {
                 dev: backing.into(),
@@ -283,6 +291,34 @@ pub async fn ensure_open(backing: &Path, name: &str, key: &Key) -> Result<PathBu
             })
         }
     }
+    open(backing, name, key).await
+}
+
+/// `luksFormat` of a blank device (exit code 5: another process holds it).
+async fn format(backing: &Path, key: &Key) -> Result<()> {
+    match format_command(backing, key).run().await {
+        Ok(_) => Ok(()),
+        Err(e) if e.exit_code() == Some(5) => Err(CryptError::DeviceBusy {
+            dev: backing.into(),
+            why: e.to_string(),
+        }),
+        Err(e) => Err(e.into()),
+    }
+}
+
+/// Erases what a cut-short `luksFormat` left (`found`) and formats again.
+async fn reformat(backing: &Path, key: &Key, found: &str) -> Result<()> {
+    tracing::warn!(
+        device = ?backing,
+        found,
+        "formatting again what a cut-short luksFormat left on a volume never written"
+    );
+    blockdev::raw::erase_signatures(backing).await?;
+    format(backing, key).await
+}
+
+/// Opens the LUKS volume `backing` as `name` with `key`.
+async fn open(backing: &Path, name: &str, key: &Key) -> Result<PathBuf> {
     let mut opened = open_command(backing, name, key).run().await;
     if opened
         .as_ref()

@@ -190,9 +190,10 @@ pub async fn stage<P: NodeSide + ?Sized>(pool: &P, vol: &Volume, req: Stage) -> 
                 let (Some(enc), Some(key)) = (&enc, &key) else {
                     return Err(StepError::KeyRequired { id: vol.id.clone() });
                 };
-                // LUKS2 on the LV if it is blank, then open (or reuse) the
-                // mapping: the source is the mapping from here on.
-                crypt::ensure_open(&enc.backing, &enc.mapping, key).await?;
+                // LUKS2 on the LV if it is blank (or, never written, holds
+                // what a cut-short luksFormat left), then open (or reuse)
+                // the mapping: the source is the mapping from here on.
+                crypt::ensure_open(&enc.backing, &enc.mapping, key, vol.unformatted).await?;
             }
             Step::CheckDirectory => {
                 let dir = dir_of(&src);

@@ -36,6 +36,7 @@ thick_and_thin!(
     encrypted_raw_block,
     encrypted_snapshot_restore_and_clone,
     killed_between_luks_format_and_mkfs,
+    a_luks_format_cut_short_is_redone_while_never_written,
 );
 
 // ---------------------------------------------------------------------------
@@ -525,6 +526,74 @@ async fn killed_between_luks_format_and_mkfs(kind: Kind) {
     must("delete", fx.delete_volume(&id).await);
     assert!(!mapping(&id).exists());
     fx.assert_lv_gone(&id);
+}
+
+/// A `luksFormat` cut short can leave a LUKS2 header whose key slots were
+/// never written: `blkid` says crypto_LUKS, and no key opens it. Made here
+/// by hand, with the key, then the key-slot area (after the two 16 KiB
+/// header copies) zeroed. While the LV is still marked unformatted (nothing
+/// was ever written through it), NodeStage formats it again and the volume
+/// works; once it has been formatted, the same damage is refused, never
+/// formatted over.
+async fn a_luks_format_cut_short_is_redone_while_never_written(kind: Kind) {
+    let fx = Fx::new(kind).await;
+    let v = must(
+        "create",
+        fx.create(encrypted_req("enc-cut", 64 * MI, "")).await,
+    );
+    let id = v.volume_id;
+    let lv = lv_dev(&fx, &id);
+    luks_format_then_cut_key_slots(&lv);
+    assert_eq!(blkid_type(&lv), "crypto_LUKS");
+
+    let target = mount(&fx, &id, "a", "").await;
+    assert_eq!(blkid_type(&mapping(&id)), "ext4");
+    write_marker_file(&target);
+    assert_ciphertext_only(&fx, &id);
+    fx.d.unpublish(&id, &target).await;
+    fx.d.unstage(&id, &fx.d.staging_path("a")).await;
+
+    // Formatted now: the same damage is not this driver's to repair.
+    luks_format_then_cut_key_slots(&lv);
+    // No key opens it: the key's error, not a new format.
+    assert_code(
+        "stage of a formatted volume whose key slots are gone",
+        stage(&fx, &id, "b", "", Some(KEY)).await,
+        Code::InvalidArgument,
+    );
+    assert!(!mapping(&id).exists());
+    must("delete", fx.delete_volume(&id).await);
+    fx.assert_lv_gone(&id);
+}
+
+/// `luksFormat` of `dev` with [`KEY`], then its key slots zeroed: the
+/// header a cut-short format can leave.
+fn luks_format_then_cut_key_slots(dev: &Path) {
+    let mut format = Command::new("cryptsetup")
+        .args(["luksFormat", "--type", "luks2", "--batch-mode"])
+        .args(["--pbkdf", "pbkdf2", "--pbkdf-force-iterations", "1000"])
+        .args(["--key-file", "-"])
+        .arg(dev)
+        .stdin(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    format
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(KEY.as_bytes())
+        .unwrap();
+    assert!(
+        format.wait().unwrap().success(),
+        "cryptsetup luksFormat by hand"
+    );
+    let zeroed = Command::new("dd")
+        .args(["if=/dev/zero", "bs=32K", "seek=1", "count=511"])
+        .args(["conv=fsync,notrunc", "status=none"])
+        .arg(format!("of={}", dev.display()))
+        .status()
+        .unwrap();
+    assert!(zeroed.success(), "dd over the key slots");
 }
 
 /// Regression (found by vm_faults' encrypted kill campaign): a driver killed
