@@ -821,6 +821,12 @@ async fn assert_restored_block(
 async fn restore_copy_and_crashes(kind: Kind) {
     require_root();
     let mut f = Fx::new(kind).await;
+    // Thick restores are `dd` copies this test must catch running; slowed,
+    // so that a 64 MiB copy cannot end between two looks at /proc.
+    let _shim = match kind {
+        Kind::Thick => Some(slow_copies(&mut f).await),
+        Kind::Thin => None,
+    };
     let base = f.our_lvs();
     let src = block_source_with_a_snapshot(&f).await;
     let r1 = restore_is_handed_out_only_when_complete(&f, &src).await;
@@ -835,6 +841,34 @@ async fn restore_copy_and_crashes(kind: Kind) {
     }
     f.wait_for_wipes().await;
     assert_eq!(f.our_lvs(), base, "something was left behind");
+}
+
+/// Restarts the driver with a `dd` first in its PATH that runs the real
+/// one, as `dd` (its arguments unchanged, so the driver and [`find_dd`] see
+/// the same command line), 32 KiB at a time for a copy between LVs; zeroing
+/// (`if=/dev/zero`) is left as it is. Returns the shim's directory, which
+/// must outlive the driver.
+async fn slow_copies(f: &mut Fx) -> tempfile::TempDir {
+    let path = std::env::var("PATH").unwrap();
+    let real = std::env::split_paths(&path)
+        .map(|d| d.join("dd"))
+        .find(|p| p.is_file())
+        .expect("dd on PATH");
+    let shim = tempfile::tempdir().unwrap();
+    let script = format!(
+        "#!/bin/bash\n\
+         case \"$1\" in if=/dev/zero) exec -a dd {0} \"$@\";; esac\n\
+         exec -a dd {0} \"$@\" bs=32K\n",
+        real.display()
+    );
+    let dd = shim.path().join("dd");
+    std::fs::write(&dd, script).unwrap();
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(&dd, std::fs::Permissions::from_mode(0o755)).unwrap();
+    f.d.stop().await;
+    f.d.opts_mut().env = vec![("PATH".into(), format!("{}:{path}", shim.path().display()))];
+    f.d.start_again_retrying().await;
+    shim
 }
 
 /// A raw block volume and a snapshot of it: restores of `sid` must hold
