@@ -185,42 +185,8 @@ impl NodeLoss {
     ) -> Result<(), ControllerError> {
         let name = pv.metadata.name.clone().unwrap_or_default();
         let node = crate::k8s::pinned_node(pv, &self.driver).unwrap_or_default();
-        let claim = pv.spec.as_ref().and_then(|s| s.claim_ref.as_ref());
-        if let Some(c) = claim {
-            if let (Some(ns), Some(cn)) = (&c.namespace, &c.name) {
-                let pvcs: Api<PersistentVolumeClaim> = Api::namespaced(self.client.clone(), ns);
-                if let Some(pvc) = pvcs.get_opt(cn).await? {
-                    // Only the claim bound to this very PV.
-                    let bound_here = pvc.spec.as_ref().and_then(|s| s.volume_name.as_deref())
-                        == Some(name.as_str())
-                        && (c.uid.is_none() || pvc.metadata.uid == c.uid);
-                    if bound_here && self.claim_opted_in(&pvc).await? {
-                        let dp = DeleteParams {
-                            preconditions: Some(Preconditions {
-                                uid: pvc.metadata.uid.clone(),
-                                resource_version: None,
-                            }),
-                            ..Default::default()
-                        };
-                        match pvcs.delete(cn, &dp).await {
-                            Ok(_) => {
-                                tracing::info!(pvc = %format!("{ns}/{cn}"), %node, "node lost: PVC deleted");
-                                self.event(
-                                    pv,
-                                    EventType::Normal,
-                                    "NodeLostClaimDeleted",
-                                    format!("node {node} is gone; deleted claim {ns}/{cn}"),
-                                )
-                                .await;
-                                report.deleted_pvcs.push(format!("{ns}/{cn}"));
-                            }
-                            Err(kube::Error::Api(s)) if s.is_not_found() || s.is_conflict() => {}
-                            Err(e) => return Err(e.into()),
-                        }
-                    }
-                }
-            }
-        }
+        self.delete_claim_if_opted_in(pv, &name, node, report)
+            .await?;
         let api: Api<PersistentVolume> = Api::all(self.client.clone());
         if pv.metadata.deletion_timestamp.is_some() {
             // Deleted on an earlier pass and still held: by
@@ -262,6 +228,56 @@ impl NodeLoss {
             Err(kube::Error::Api(s)) if s.is_not_found() || s.is_conflict() => Ok(()),
             Err(e) => Err(e.into()),
         }
+    }
+
+    /// Deletes the claim bound to a lost node's PV `name` when it (or its
+    /// StorageClass) opted in to deletion on node loss.
+    async fn delete_claim_if_opted_in(
+        &self,
+        pv: &PersistentVolume,
+        name: &str,
+        node: &str,
+        report: &mut PassReport,
+    ) -> Result<(), ControllerError> {
+        let Some(c) = pv.spec.as_ref().and_then(|s| s.claim_ref.as_ref()) else {
+            return Ok(());
+        };
+        let (Some(ns), Some(cn)) = (&c.namespace, &c.name) else {
+            return Ok(());
+        };
+        let pvcs: Api<PersistentVolumeClaim> = Api::namespaced(self.client.clone(), ns);
+        let Some(pvc) = pvcs.get_opt(cn).await? else {
+            return Ok(());
+        };
+        // Only the claim bound to this very PV.
+        let bound_here = pvc.spec.as_ref().and_then(|s| s.volume_name.as_deref()) == Some(name)
+            && (c.uid.is_none() || pvc.metadata.uid == c.uid);
+        if !bound_here || !self.claim_opted_in(&pvc).await? {
+            return Ok(());
+        }
+        let dp = DeleteParams {
+            preconditions: Some(Preconditions {
+                uid: pvc.metadata.uid.clone(),
+                resource_version: None,
+            }),
+            ..Default::default()
+        };
+        match pvcs.delete(cn, &dp).await {
+            Ok(_) => {
+                tracing::info!(pvc = %format!("{ns}/{cn}"), %node, "node lost: PVC deleted");
+                self.event(
+                    pv,
+                    EventType::Normal,
+                    "NodeLostClaimDeleted",
+                    format!("node {node} is gone; deleted claim {ns}/{cn}"),
+                )
+                .await;
+                report.deleted_pvcs.push(format!("{ns}/{cn}"));
+            }
+            Err(kube::Error::Api(s)) if s.is_not_found() || s.is_conflict() => {}
+            Err(e) => return Err(e.into()),
+        }
+        Ok(())
     }
 
     /// Takes external-provisioner's finalizer off a lost node's PV (see
