@@ -262,10 +262,9 @@ async fn stage_filesystem<P: NodeSide + ?Sized>(
         Ok((staging, staged))
     })
     .await?;
-    let mut fs = match &staged {
-        Some(t) => Some(parse_found(dev, t)?),
-        None => None,
-    };
+    // What Format makes; a staged filesystem's type is read only if it is
+    // grown (a retry that has nothing left to do answers OK as it is).
+    let mut fs = None;
     let steps = filesystem_steps(staged.is_some(), vol.unformatted, vol.grow_filesystem);
     let mut mount = Some(mount);
     for step in steps {
@@ -290,7 +289,11 @@ async fn stage_filesystem<P: NodeSide + ?Sized>(
             FsStep::Grow => {
                 // Restored or cloned into a larger volume, or a retry after
                 // a grow failed: the filesystem still has its source's size.
-                let fs = fs.expect("filesystem_steps: a filesystem is known before Grow");
+                let fs = match (fs, &staged) {
+                    (Some(fs), _) => fs,
+                    (None, Some(t)) => parse_found(dev, t)?,
+                    (None, None) => unreachable!("filesystem_steps: Format comes before Grow"),
+                };
                 grow(pool, vol, enc, Some((dev, &staging, fs))).await?;
             }
         }
