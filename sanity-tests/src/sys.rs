@@ -3,8 +3,35 @@
 
 use std::fs;
 use std::io::{Read, Seek, SeekFrom};
-use std::path::Path;
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
+
+/// The program `prog` on this process's `PATH` (an executable file).
+pub fn which(prog: &str) -> PathBuf {
+    std::env::var("PATH")
+        .unwrap_or_default()
+        .split(':')
+        .map(|d| Path::new(d).join(prog))
+        .find(|p| fs::metadata(p).is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0))
+        .unwrap_or_else(|| panic!("{prog} is not on PATH"))
+}
+
+/// Writes `script` as the executable `dir/name`: a stand-in for a program
+/// the driver runs, found first through [`path_first`].
+pub fn write_program(dir: &Path, name: &str, script: &str) -> PathBuf {
+    let path = dir.join(name);
+    fs::write(&path, script).unwrap();
+    fs::set_permissions(&path, fs::Permissions::from_mode(0o755)).unwrap();
+    path
+}
+
+/// The `PATH` entry of a driver's environment with `dir` first, then this
+/// process's `PATH`.
+pub fn path_first(dir: &Path) -> (String, String) {
+    let path = std::env::var("PATH").unwrap_or_default();
+    ("PATH".into(), format!("{}:{path}", dir.display()))
+}
 
 /// Runs an external program; panics with its output when it fails.
 #[track_caller]

@@ -22,7 +22,6 @@
 use std::collections::BTreeSet;
 use std::fs;
 use std::io::Write;
-use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
@@ -414,15 +413,12 @@ exec "$real" "$@"
             ctl = self.ctl().display(),
             real = real.display(),
         );
-        let path = self.bin().join(prog);
-        fs::write(&path, script).unwrap();
-        fs::set_permissions(&path, fs::Permissions::from_mode(0o755)).unwrap();
+        write_program(&self.bin(), prog, &script);
     }
 
     /// The driver's `PATH`: the wrappers first.
     fn env(&self) -> Vec<(String, String)> {
-        let path = std::env::var("PATH").unwrap_or_default();
-        vec![("PATH".into(), format!("{}:{path}", self.bin().display()))]
+        vec![path_first(&self.bin())]
     }
 
     /// Arms a one-shot trigger (`name`: `lvm.lvcreate`, `mkfs.ext4`, ...).
@@ -436,16 +432,6 @@ exec "$real" "$@"
         let _ = fs::remove_file(self.ctl().join(name));
         self.ctl().join(format!("{name}.taken")).exists()
     }
-}
-
-/// The program `prog` on this process's `PATH`.
-fn which(prog: &str) -> PathBuf {
-    std::env::var("PATH")
-        .unwrap_or_default()
-        .split(':')
-        .map(|d| Path::new(d).join(prog))
-        .find(|p| fs::metadata(p).is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0))
-        .unwrap_or_else(|| panic!("{prog} is not on PATH"))
 }
 
 /// A fixture whose driver runs `lvm` and `mkfs` through [`Wrappers`].

@@ -449,17 +449,9 @@ async fn killed_between_luks_format_and_mkfs(kind: Kind) {
         "#!/bin/sh\necho $$ > {0}.tmp && mv {0}.tmp {0}\nexec sleep 600\n",
         started.display()
     );
-    let mkfs = shim.path().join("mkfs.ext4");
-    fs::write(&mkfs, script).unwrap();
-    use std::os::unix::fs::PermissionsExt;
-    fs::set_permissions(&mkfs, fs::Permissions::from_mode(0o755)).unwrap();
-    let path = format!(
-        "{}:{}",
-        shim.path().display(),
-        std::env::var("PATH").unwrap()
-    );
+    write_program(shim.path(), "mkfs.ext4", &script);
     fx.d.stop().await;
-    fx.d.opts_mut().env = vec![("PATH".into(), path)];
+    fx.d.opts_mut().env = vec![path_first(shim.path())];
     fx.d.start_again_retrying().await;
 
     let node = fx.d.node();

@@ -849,11 +849,7 @@ async fn restore_copy_and_crashes(kind: Kind) {
 /// (`if=/dev/zero`) is left as it is. Returns the shim's directory, which
 /// must outlive the driver.
 async fn slow_copies(f: &mut Fx) -> tempfile::TempDir {
-    let path = std::env::var("PATH").unwrap();
-    let real = std::env::split_paths(&path)
-        .map(|d| d.join("dd"))
-        .find(|p| p.is_file())
-        .expect("dd on PATH");
+    let real = which("dd");
     let shim = tempfile::tempdir().unwrap();
     let script = format!(
         "#!/bin/bash\n\
@@ -861,12 +857,9 @@ async fn slow_copies(f: &mut Fx) -> tempfile::TempDir {
          exec -a dd {0} \"$@\" bs=32K\n",
         real.display()
     );
-    let dd = shim.path().join("dd");
-    std::fs::write(&dd, script).unwrap();
-    use std::os::unix::fs::PermissionsExt;
-    std::fs::set_permissions(&dd, std::fs::Permissions::from_mode(0o755)).unwrap();
+    write_program(shim.path(), "dd", &script);
     f.d.stop().await;
-    f.d.opts_mut().env = vec![("PATH".into(), format!("{}:{path}", shim.path().display()))];
+    f.d.opts_mut().env = vec![path_first(shim.path())];
     f.d.start_again_retrying().await;
     shim
 }
