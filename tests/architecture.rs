@@ -45,18 +45,8 @@ fn sources() -> Vec<Source> {
         let first = rel.split('/').next().unwrap();
         let module = first.strip_suffix(".rs").unwrap_or(first).to_owned();
         let text = fs::read_to_string(&f).unwrap();
-        // The test module (`#[cfg(test)]` then `mod tests {`, by convention
-        // the file's last item) ends the code that is checked.
-        let lines: Vec<&str> = text.lines().collect();
-        let end = (0..lines.len())
-            .find(|&i| {
-                lines[i].trim() == "#[cfg(test)]"
-                    && lines
-                        .get(i + 1)
-                        .is_some_and(|n| n.contains("mod ") && n.trim_end().ends_with('{'))
-            })
-            .unwrap_or(lines.len());
-        let code: String = lines[..end]
+        // Every `#[cfg(test)]` item is test code, wherever it stands.
+        let code: String = non_test_lines(&text)
             .iter()
             .filter(|l| !l.trim_start().starts_with("//"))
             .map(|l| format!("{l}\n"))
