@@ -196,7 +196,7 @@ pub async fn stage<P: NodeSide + ?Sized>(pool: &P, vol: &Volume, req: Stage) -> 
                 crypt::ensure_open(&enc.backing, &enc.mapping, key, vol.unformatted).await?;
             }
             Step::CheckDirectory => {
-                let dir = dir_of(&src);
+                let dir = source_path(&src);
                 let staging = staging.clone();
                 blocking(move || -> Result<()> {
                     staging.resolve()?;
@@ -205,7 +205,7 @@ pub async fn stage<P: NodeSide + ?Sized>(pool: &P, vol: &Volume, req: Stage) -> 
                 .await?;
             }
             Step::BindDirectory => {
-                let (dir, staging) = (dir_of(&src), staging.clone());
+                let (dir, staging) = (source_path(&src), staging.clone());
                 blocking(move || -> Result<()> {
                     Ok(super::stage_dir(&dir, &staging.resolve()?)?)
                 })
@@ -231,7 +231,9 @@ pub async fn stage<P: NodeSide + ?Sized>(pool: &P, vol: &Volume, req: Stage) -> 
     Ok(())
 }
 
-fn dir_of(src: &Source) -> PathBuf {
+/// Where the source is: the volume's directory or its device node (the
+/// step that asks knows which kind it has).
+fn source_path(src: &Source) -> PathBuf {
     match src {
         Source::Directory(d) => d.clone(),
         Source::Device(d) => d.clone(),
@@ -424,7 +426,7 @@ pub async fn publish<P: NodeSide + ?Sized>(pool: &P, vol: &Volume, req: Publish)
             if vol.inactive {
                 pool.activate(vol).await?;
             }
-            let (dev, target) = (dir_of(&src), req.target);
+            let (dev, target) = (source_path(&src), req.target);
             blocking(move || -> Result<_> {
                 let (scope, target) = target.resolve_in()?;
                 Ok(super::publish_block(
@@ -438,7 +440,7 @@ pub async fn publish<P: NodeSide + ?Sized>(pool: &P, vol: &Volume, req: Publish)
             .await
         }
         PublishFrom::Source => {
-            let (dir, target) = (dir_of(&src), req.target);
+            let (dir, target) = (source_path(&src), req.target);
             blocking(move || -> Result<_> {
                 let (scope, target) = target.resolve_in()?;
                 Ok(super::publish_unstaged(
