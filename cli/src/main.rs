@@ -165,7 +165,7 @@ struct ServeArgs {
     /// Async workers (they decode and encode the RPCs). Default: one per usable core.
     #[arg(long, env = "LOCALVOL_WORKERS", value_parser = clap::value_parser!(u16).range(1..))]
     workers: Option<u16>,
-    /// Blocking threads at most (they make the syscalls). Default: 4 per core, at least 32.
+    /// Blocking threads at most (they make the syscalls). Default: 2 per core, at least 32.
     #[arg(long, env = "LOCALVOL_BLOCKING_THREADS", value_parser = clap::value_parser!(u16).range(1..))]
     blocking_threads: Option<u16>,
     /// glibc malloc arenas at most (MALLOC_ARENA_MAX, when set, wins). Default: one per 4 usable cores, at least 1.
