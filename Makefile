@@ -212,6 +212,7 @@ bench-vm:
 
 bench: build
 	@echo "Start the driver, then: $(BIN) bench --endpoint unix://$(SOCKET) --volumes 2000 --concurrency 4"
+	@echo "Drivers side by side (lifecycles/s, peak and idle RSS; root): cli/bench-compare --help"
 
 # For users with a container engine (none runs on the CI machines).
 image:
