@@ -111,7 +111,8 @@ validate-deploy:
 	deploy/validate
 
 # Rewrite the kustomize base's rendered files (deploy/kubernetes/base/localvol.yaml
-# and config.yaml) from the Helm chart, then validate as above.
+# and config.yaml) and the alerts' rules file (deploy/prometheus/localvol-alerts.yaml)
+# from the Helm chart, then validate as above.
 deploy-base:
 	deploy/validate --write-base
 
