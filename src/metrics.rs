@@ -650,4 +650,37 @@ mod tests {
         record_conditions(metrics(), pool, [sick, well]);
         assert!(!encoded().contains(&format!(r#"pool="{pool}""#)));
     }
+
+    /// deploy/prometheus/lvm-sample.prom stands for an LVM pool's scrape in
+    /// the alert tests (deploy/tools/alert_tests.py scrapes a driver on a
+    /// dir pool, which never exports these): each of its lines must be what
+    /// this encoder prints.
+    #[test]
+    fn lvm_sample_for_the_alert_tests_is_what_the_driver_prints() {
+        let sample = include_str!("../deploy/prometheus/lvm-sample.prom");
+        let m = metrics();
+        let thin = PoolLabels {
+            pool: "thin".into(),
+            backend: "lvm-thin",
+        };
+        m.thin_data.get_or_create(&thin).set(42.5);
+        m.thin_metadata.get_or_create(&thin).set(7.25);
+        let thick = PoolLabels {
+            pool: "thick".into(),
+            backend: "lvm",
+        };
+        m.wipe_pending.get_or_create(&thick).set(0);
+        let out = encoded();
+        let lines: Vec<&str> = sample
+            .lines()
+            .filter(|l| !l.is_empty() && !l.starts_with('#'))
+            .collect();
+        assert_eq!(lines.len(), 3, "{sample}");
+        for want in lines {
+            assert!(
+                out.lines().any(|l| l == want),
+                "{want} missing from:\n{out}"
+            );
+        }
+    }
 }
