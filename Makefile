@@ -106,12 +106,16 @@ VM_TESTS        ?=
 # Whole VM run, all modules (a safety net: vm/run kills the guest and exits 124).
 VM_TEST_TIMEOUT ?= 2400
 
-# Manifests and the Helm chart, rendered and checked offline (see deploy/README.md).
+# Manifests and the Helm chart, rendered and checked offline (see deploy/README.md),
+# and the alert rules tested with promtool on the driver's real /metrics
+# (deploy/tools/alert_tests.py; promtool: Debian package prometheus, which
+# .ci/run installs; missing, a failure under CI=true, one SKIPPED line elsewhere).
 validate-deploy:
 	deploy/validate
 
 # Rewrite the kustomize base's rendered files (deploy/kubernetes/base/localvol.yaml
-# and config.yaml) from the Helm chart, then validate as above.
+# and config.yaml) and the alerts' rules file (deploy/prometheus/localvol-alerts.yaml)
+# from the Helm chart, then validate as above.
 deploy-base:
 	deploy/validate --write-base
 

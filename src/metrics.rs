@@ -5,10 +5,11 @@
 //! RPC figures are recorded by `service::rpc`; pool and volume figures are read
 //! from the pools at scrape time, so they cannot drift from the node's state.
 
+use std::collections::HashMap;
 use std::convert::Infallible;
 use std::net::SocketAddr;
 use std::sync::atomic::AtomicU64;
-use std::sync::{Arc, OnceLock};
+use std::sync::{Arc, Mutex, OnceLock};
 
 use bytes::Bytes;
 use http_body_util::Full;
@@ -68,6 +69,11 @@ pub struct Metrics {
     thin_metadata: Family<PoolLabels, Gauge<f64, AtomicU64>>,
     volume_used: Family<VolumeLabels, Gauge>,
     volume_limit: Family<VolumeLabels, Gauge>,
+    volume_abnormal: Family<VolumeLabels, Gauge>,
+    /// What NodeGetVolumeStats last answered about each volume's condition
+    /// (abnormal or not), from which each scrape sets `volume_abnormal` for
+    /// the volumes its pool still lists: a deleted volume leaves no series.
+    conditions: Mutex<HashMap<VolumeLabels, bool>>,
     discovered: Counter,
     cleanups: Family<ResultLabels, Counter>,
     cleanup_seconds: Histogram,
@@ -118,8 +124,9 @@ const THIN_GAUGES: [(&str, &str); 2] = [
     ),
 ];
 
-/// Per-volume gauges (quota-enforced volumes), in `Metrics::new`'s order.
-const VOLUME_GAUGES: [(&str, &str); 2] = [
+/// Per-volume gauges, in `Metrics::new`'s order: quota-enforced volumes'
+/// usage, and the condition of the volumes kubelet asks about.
+const VOLUME_GAUGES: [(&str, &str); 3] = [
     (
         "volume_quota_used_bytes",
         "Bytes used by a quota-enforced volume",
@@ -127,6 +134,10 @@ const VOLUME_GAUGES: [(&str, &str); 2] = [
     (
         "volume_quota_limit_bytes",
         "Enforced size of a quota-enforced volume",
+    ),
+    (
+        "volume_condition_abnormal",
+        "1 when NodeGetVolumeStats last found the volume's condition abnormal, 0 when healthy (published volumes: kubelet asks about those)",
     ),
 ];
 
@@ -181,7 +192,7 @@ impl Metrics {
             POOL_GAUGES.map(|(name, help)| registered(r, name, help, Family::default()));
         let [thin_data, thin_metadata] =
             THIN_GAUGES.map(|(name, help)| registered(r, name, help, Family::default()));
-        let [volume_used, volume_limit] =
+        let [volume_used, volume_limit, volume_abnormal] =
             VOLUME_GAUGES.map(|(name, help)| registered(r, name, help, Family::default()));
         let [orphans, orphans_kept] =
             ORPHAN_GAUGES.map(|(name, help)| registered(r, name, help, Gauge::default()));
@@ -208,6 +219,8 @@ impl Metrics {
             thin_metadata,
             volume_used,
             volume_limit,
+            volume_abnormal,
+            conditions: Mutex::default(),
             discovered: registered(
                 r,
                 "discovered_volumes",
@@ -305,6 +318,38 @@ fn record_lvm_runs(m: &Metrics) {
     }
 }
 
+/// The volume condition NodeGetVolumeStats reported (abnormal or not),
+/// shown as `localvol_volume_condition_abnormal` while the volume exists.
+/// Returns the one reported before, if any.
+pub fn set_volume_condition(pool: &str, volume: &str, abnormal: bool) -> Option<bool> {
+    let key = VolumeLabels {
+        pool: pool.to_owned(),
+        volume: volume.to_owned(),
+    };
+    conditions(metrics()).insert(key, abnormal)
+}
+
+/// Forgets a volume's condition: it is unpublished (or unstaged) here, so
+/// kubelet stops asking and the last answer would go stale.
+pub fn forget_volume_condition(volume: &str) {
+    conditions(metrics()).retain(|k, _| k.volume != volume);
+}
+
+fn conditions(m: &Metrics) -> std::sync::MutexGuard<'_, HashMap<VolumeLabels, bool>> {
+    m.conditions.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// Sets `volume_abnormal` for `pool`'s volumes whose condition is known,
+/// and forgets the conditions of its volumes that are gone.
+fn record_conditions<'a>(m: &Metrics, pool: &str, listed: impl IntoIterator<Item = &'a str>) {
+    let listed: std::collections::HashSet<&str> = listed.into_iter().collect();
+    let mut known = conditions(m);
+    known.retain(|k, _| k.pool != pool || listed.contains(k.volume.as_str()));
+    for (k, abnormal) in known.iter().filter(|(k, _)| k.pool == pool) {
+        m.volume_abnormal.get_or_create(k).set(i64::from(*abnormal));
+    }
+}
+
 fn gauge_value(v: u64) -> i64 {
     i64::try_from(v).unwrap_or(i64::MAX)
 }
@@ -328,6 +373,7 @@ async fn render_pools(pools: &Pools) -> String {
     let m = metrics();
     m.volume_used.clear();
     m.volume_limit.clear();
+    m.volume_abnormal.clear();
     for pool in pools.iter() {
         let labels = PoolLabels {
             pool: pool.name().to_string(),
@@ -360,6 +406,7 @@ async fn render_pools(pools: &Pools) -> String {
         m.pool_volumes
             .get_or_create(&labels)
             .set(gauge_value(vols.len() as u64));
+        record_conditions(m, &labels.pool, vols.iter().map(|v| v.id.as_str()));
         for v in vols.iter().filter(|v| v.project_id.is_some()) {
             if let Ok(Some(u)) = pool.usage(v).await {
                 let vl = VolumeLabels {
@@ -562,6 +609,78 @@ mod tests {
         ] {
             let want = format!("# TYPE {want}");
             assert!(out.contains(&want), "{want} missing from:\n{out}");
+        }
+    }
+
+    fn encoded() -> String {
+        let mut out = String::new();
+        prometheus_client::encoding::text::encode(&mut out, &metrics().registry).unwrap();
+        out
+    }
+
+    #[test]
+    fn volume_condition_shows_while_the_volume_is_listed_and_published() {
+        let (pool, sick, well) = ("test-only-cond", "test-only-cond.1", "test-only-cond.2");
+        let line = |v: &str, x: u8| {
+            format!(r#"localvol_volume_condition_abnormal{{pool="{pool}",volume="{v}"}} {x}"#)
+        };
+        assert_eq!(set_volume_condition(pool, sick, true), None);
+        set_volume_condition(pool, well, false);
+        // Not a series before a scrape's listing of the pool sets it.
+        record_conditions(metrics(), pool, [sick, well]);
+        let out = encoded();
+        assert!(out.contains(&line(sick, 1)), "{out}");
+        assert!(out.contains(&line(well, 0)), "{out}");
+        assert!(out.contains("# TYPE localvol_volume_condition_abnormal gauge"));
+        // The healthy volume is deleted (no longer listed), the sick one
+        // turns healthy at its next NodeGetVolumeStats.
+        assert_eq!(set_volume_condition(pool, sick, false), Some(true));
+        metrics().volume_abnormal.clear();
+        record_conditions(metrics(), pool, [sick]);
+        let out = encoded();
+        assert!(out.contains(&line(sick, 0)), "{out}");
+        assert!(!out.contains(&format!(r#"volume="{well}""#)), "{out}");
+        // Unpublished: kubelet stops asking, and the series goes.
+        forget_volume_condition(sick);
+        metrics().volume_abnormal.clear();
+        record_conditions(metrics(), pool, [sick]);
+        let out = encoded();
+        assert!(!out.contains(&format!(r#"volume="{sick}""#)), "{out}");
+        // A deleted volume's entry is gone even if it comes back listed.
+        record_conditions(metrics(), pool, [sick, well]);
+        assert!(!encoded().contains(&format!(r#"pool="{pool}""#)));
+    }
+
+    /// deploy/prometheus/lvm-sample.prom stands for an LVM pool's scrape in
+    /// the alert tests (deploy/tools/alert_tests.py scrapes a driver on a
+    /// dir pool, which never exports these): each of its lines must be what
+    /// this encoder prints.
+    #[test]
+    fn lvm_sample_for_the_alert_tests_is_what_the_driver_prints() {
+        let sample = include_str!("../deploy/prometheus/lvm-sample.prom");
+        let m = metrics();
+        let thin = PoolLabels {
+            pool: "thin".into(),
+            backend: "lvm-thin",
+        };
+        m.thin_data.get_or_create(&thin).set(42.5);
+        m.thin_metadata.get_or_create(&thin).set(7.25);
+        let thick = PoolLabels {
+            pool: "thick".into(),
+            backend: "lvm",
+        };
+        m.wipe_pending.get_or_create(&thick).set(0);
+        let out = encoded();
+        let lines: Vec<&str> = sample
+            .lines()
+            .filter(|l| !l.is_empty() && !l.starts_with('#'))
+            .collect();
+        assert_eq!(lines.len(), 3, "{sample}");
+        for want in lines {
+            assert!(
+                out.lines().any(|l| l == want),
+                "{want} missing from:\n{out}"
+            );
         }
     }
 }

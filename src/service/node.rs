@@ -296,6 +296,7 @@ impl csi::node_server::Node for NodeService {
         let req = req.into_inner();
         rpc("NodeUnstageVolume", &req.volume_id, async {
             check_text("volume_id", &req.volume_id)?;
+            crate::metrics::forget_volume_condition(&req.volume_id);
             let staging = self.request_path("staging_target_path", &req.staging_target_path)?;
             if self
                 .by_device(&req.volume_id, &staging, nodeops::unstage_device, true)
@@ -367,6 +368,9 @@ impl csi::node_server::Node for NodeService {
         let req = req.into_inner();
         rpc("NodeUnpublishVolume", &req.volume_id, async {
             check_text("volume_id", &req.volume_id)?;
+            // kubelet stops asking about its condition: the gauge would go
+            // stale (another pod's mount answers again at its next stats).
+            crate::metrics::forget_volume_condition(&req.volume_id);
             let target = self.request_path("target_path", &req.target_path)?;
             if self
                 .by_device(&req.volume_id, &target, nodeops::unpublish_device, false)
@@ -434,6 +438,7 @@ impl csi::node_server::Node for NodeService {
             let at = self.volume_path(place, &pool, &vol, !block).await?;
             let usage = pool.usage(&vol).await?;
             let condition = pool.condition(&vol).await?.or(at.mounted.err());
+            note_condition(pool.name().as_str(), &vol.id, condition.as_deref());
             let stats = at.stats;
             let entry = |(available, total, used): (u64, u64, u64),
                          unit: csi::volume_usage::Unit| {
@@ -556,5 +561,20 @@ impl csi::node_server::Node for NodeService {
             })
         })
         .await
+    }
+}
+
+/// Records what NodeGetVolumeStats found of a volume's condition (the gauge
+/// `localvol_volume_condition_abnormal`), and logs when it changes: the
+/// message goes only to kubelet otherwise, and the alert on the gauge sends
+/// the operator to the log.
+fn note_condition(pool: &str, volume: &str, abnormal: Option<&str>) {
+    let before = crate::metrics::set_volume_condition(pool, volume, abnormal.is_some());
+    match (abnormal, before) {
+        (Some(why), None | Some(false)) => {
+            tracing::warn!(volume, condition = why, "volume condition abnormal")
+        }
+        (None, Some(true)) => tracing::info!(volume, "volume condition healthy again"),
+        _ => {}
     }
 }
