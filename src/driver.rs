@@ -17,7 +17,7 @@ use crate::ids::{
     check_node_id, truncate, InvalidName, ParsedId, PoolName, StorageId, VolumeId, VolumeName,
 };
 use crate::locks::{Busy, VolumeGuard, VolumeLocks};
-use crate::pool::{Health, Pool, PoolError, Pools, Unusable, Volume};
+use crate::pool::{Pool, PoolError, Pools, Unusable, Volume};
 
 /// What went wrong opening the driver, finding a volume or taking its lock.
 #[derive(Debug, thiserror::Error)]
@@ -63,6 +63,24 @@ pub enum DriverError {
         pool: PoolName,
         have: StorageId,
     },
+    /// The pool cannot serve now (the pool monitor's last look): its
+    /// storage is gone, replaced, or not there yet. `new`: a new volume
+    /// was asked of it (RESOURCE_EXHAUSTED, so that the scheduler can
+    /// pick another node).
+    #[error("pool {pool} is unusable: {why}; its volumes are served again once its storage is back (the other pools serve on)")]
+    PoolUnusable {
+        pool: PoolName,
+        why: Unusable,
+        new: bool,
+    },
+}
+
+impl DriverError {
+    /// Whether this is the refusal of a pool that has not opened (its
+    /// storage was not there): nothing of it can be looked up.
+    pub fn pool_not_open(&self) -> bool {
+        matches!(self, DriverError::Pool(PoolError::NotStarted { .. }))
+    }
 }
 
 /// What a name names.
@@ -89,22 +107,6 @@ pub struct LockPair {
 }
 
 type Result<T, E = DriverError> = std::result::Result<T, E>;
-
-/// Pools that cannot serve, and why: the node is not healthy.
-#[derive(Debug)]
-pub struct Unhealthy(pub Vec<(PoolName, Unusable)>);
-
-impl std::fmt::Display for Unhealthy {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        for (i, (pool, why)) in self.0.iter().enumerate() {
-            let sep = if i == 0 { "" } else { "; " };
-            write!(f, "{sep}pool {pool}: {why}")?;
-        }
-        Ok(())
-    }
-}
-
-impl std::error::Error for Unhealthy {}
 
 pub use crate::ids::TOPOLOGY_KEY;
 
@@ -140,7 +142,7 @@ impl Driver {
         if !who.kubelet_dir.is_absolute() {
             return Err(DriverError::RelativeKubeletDir(who.kubelet_dir.clone()));
         }
-        let pools = Pools::open(config).await?;
+        let pools = Pools::open(config).await;
         let statics = match config.discovery.clone() {
             Some(d) => Some(Arc::new(
                 blocking(move || {
@@ -163,19 +165,24 @@ impl Driver {
         }))
     }
 
-    /// Every pool's health, in config order: `Err` names each pool that
-    /// cannot serve and why (Probe, `/readyz`).
-    pub async fn health(&self) -> std::result::Result<(), Unhealthy> {
-        let mut bad = Vec::new();
-        for pool in self.pools.iter() {
-            if let Health::Unusable(why) = pool.health().await {
-                bad.push((pool.name().clone(), why));
-            }
-        }
-        if bad.is_empty() {
-            Ok(())
-        } else {
-            Err(Unhealthy(bad))
+    /// The pools that cannot serve now, and why (the pool monitor's last
+    /// look), in config order.
+    pub fn unusable_pools(&self) -> Vec<(PoolName, Unusable)> {
+        self.pools
+            .iter()
+            .filter_map(|p| Some((p.name().clone(), self.pools.unusable(p.name())?)))
+            .collect()
+    }
+
+    /// Refuses an operation on a volume of a pool that cannot serve now.
+    pub fn require_usable(&self, pool: &PoolName) -> Result<()> {
+        match self.pools.unusable(pool) {
+            None => Ok(()),
+            Some(why) => Err(DriverError::PoolUnusable {
+                pool: pool.clone(),
+                why,
+                new: false,
+            }),
         }
     }
 
@@ -349,6 +356,10 @@ impl Driver {
                     tracing::warn!(%pool, %why, name = name.as_str(), "name not checked in a pool that did not start");
                     false
                 }
+                Err(e) if self.pools.unusable(other.name()).is_some() => {
+                    tracing::warn!(pool = %other.name(), error = %e, name = name.as_str(), "name not checked in an unusable pool");
+                    false
+                }
                 res => res?,
             };
             if found {
@@ -389,7 +400,15 @@ impl Driver {
                 id: src.to_string(),
             });
         }
-        Ok(self.pools.require(&pool_name)?.clone())
+        let pool = self.pools.require(&pool_name)?.clone();
+        if let Some(why) = self.pools.unusable(&pool_name) {
+            return Err(DriverError::PoolUnusable {
+                pool: pool_name,
+                why,
+                new: true,
+            });
+        }
+        Ok(pool)
     }
 
     /// The pool of a snapshot's source volume.
@@ -472,7 +491,10 @@ impl crate::metrics::Source for Driver {
         &self.pools
     }
 
-    async fn readiness(&self) -> std::result::Result<(), String> {
-        self.health().await.map_err(|e| e.to_string())
+    fn unusable_pools(&self) -> Vec<String> {
+        Driver::unusable_pools(self)
+            .into_iter()
+            .map(|(pool, why)| format!("pool {pool}: {why}"))
+            .collect()
     }
 }

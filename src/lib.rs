@@ -20,6 +20,7 @@ mod locks;
 pub mod lvm;
 mod memory;
 pub mod metrics;
+mod monitor;
 pub mod mount;
 mod nodeops;
 mod orphans;

@@ -1,6 +1,6 @@
 //! Prometheus metrics and the health endpoints, served on `--metrics-addr`:
 //! `/metrics` (text exposition), `/healthz` (the process serves) and `/readyz`
-//! (every pool is usable: the same check as the CSI Probe).
+//! (the driver serves; it lists the pools that cannot).
 //!
 //! RPC figures are recorded by `service::rpc`; pool and volume figures are read
 //! from the pools at scrape time, so they cannot drift from the node's state.
@@ -109,7 +109,7 @@ const POOL_GAUGES: [(&str, &str); 5] = [
         "Bytes a new volume can get now (GetCapacity)",
     ),
     ("pool_volumes", "Volumes in the pool"),
-    ("pool_ready", "1 when the pool passes its readiness check"),
+    ("pool_ready", "1 when the pool can serve; 0 while it is unusable (its volumes' RPCs are refused, it offers no capacity; the log and the Node's Events say why)"),
 ];
 
 /// Per-thin-pool gauges (LVM pools with a thin pool), as lvm reports them.
@@ -354,14 +354,12 @@ fn gauge_value(v: u64) -> i64 {
     i64::try_from(v).unwrap_or(i64::MAX)
 }
 
-/// What the endpoint serves from: the pools and whether the driver is ready.
+/// What the endpoint serves from: the pools and which of them cannot serve.
 /// The driver implements it; metrics know nothing else of it.
 pub trait Source: Send + Sync + 'static {
     fn pools(&self) -> &Pools;
-    /// `Err(why)` while not ready (`/readyz`).
-    fn readiness(
-        &self,
-    ) -> impl std::future::Future<Output = std::result::Result<(), String>> + Send;
+    /// One line per pool that cannot serve now (`/readyz` lists them).
+    fn unusable_pools(&self) -> Vec<String>;
 }
 
 /// Refreshes the pool and volume gauges from the pools, then encodes everything.
@@ -455,14 +453,16 @@ async fn handle<D: Source>(
             render(driver.pools()).await,
         ),
         "/healthz" => reply(StatusCode::OK, "text/plain", "ok\n".into()),
-        "/readyz" => match driver.readiness().await {
-            Ok(()) => reply(StatusCode::OK, "text/plain", "ready\n".into()),
-            Err(why) => reply(
-                StatusCode::SERVICE_UNAVAILABLE,
-                "text/plain",
-                format!("not ready: {why}\n"),
-            ),
-        },
+        // Ready while the driver serves: a pool that cannot serve is
+        // listed (and is 0 in localvol_pool_ready), not a reason to take
+        // the plugin out of service.
+        "/readyz" => {
+            let mut text = "ready\n".to_owned();
+            for line in driver.unusable_pools() {
+                text.push_str(&format!("unusable: {line}\n"));
+            }
+            reply(StatusCode::OK, "text/plain", text)
+        }
         _ => reply(StatusCode::NOT_FOUND, "text/plain", "not found\n".into()),
     }
 }

@@ -21,8 +21,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use futures::StreamExt;
-use k8s_openapi::api::core::v1::{ObjectReference, PersistentVolume};
-use kube::runtime::events::{Event, EventType, Recorder, Reporter};
+use k8s_openapi::api::core::v1::PersistentVolume;
+use kube::runtime::events::{EventType, Recorder, Reporter};
 use kube::runtime::reflector::{self, Store};
 use kube::runtime::{watcher, WatchStreamExt};
 use kube::{Api, Client};
@@ -148,27 +148,21 @@ impl Orphans {
             return;
         }
         let node = &self.driver.node_id;
-        let ev = Event {
-            type_: EventType::Warning,
-            reason: "OrphanKeptAfterNodeLoss".into(),
-            note: Some(format!(
-                "volume {id} lost its PV when node {} was declared lost, but its storage is still here: kept, never reclaimed; re-adopt it with a static PV or delete it by hand (record {}/{})",
-                node_lost.node,
-                c.namespace,
-                lost::record_name(node)
-            )),
-            action: "Keep".into(),
-            secondary: None,
-        };
-        let node_ref = ObjectReference {
-            api_version: Some("v1".into()),
-            kind: Some("Node".into()),
-            name: Some(node.clone()),
-            ..Default::default()
-        };
-        if let Err(e) = c.recorder.publish(&ev, &node_ref).await {
-            tracing::warn!(error = %e, "could not record an event");
-        }
+        let note = format!(
+            "volume {id} lost its PV when node {} was declared lost, but its storage is still here: kept, never reclaimed; re-adopt it with a static PV or delete it by hand (record {}/{})",
+            node_lost.node,
+            c.namespace,
+            lost::record_name(node)
+        );
+        crate::k8s::publish_node_event(
+            &c.recorder,
+            node,
+            EventType::Warning,
+            "OrphanKeptAfterNodeLoss",
+            "Keep",
+            note,
+        )
+        .await;
     }
 
     /// One pass at `now` against a cache of PVs.
@@ -190,7 +184,16 @@ impl Orphans {
         let mut volumes = BTreeSet::new();
         let mut storage: BTreeMap<String, Option<StorageId>> = BTreeMap::new();
         for pool in self.driver.pools.iter() {
-            for v in pool.list().await? {
+            // A pool that cannot serve is passed over: its volumes are
+            // neither reported nor reclaimed until it is back.
+            let listed = match pool.list().await {
+                Err(e) if self.driver.pools.unusable(pool.name()).is_some() => {
+                    tracing::debug!(pool = %pool.name(), error = %e, "orphans: unusable pool not checked");
+                    continue;
+                }
+                r => r?,
+            };
+            for v in listed {
                 if v.ephemeral_target().is_none() {
                     storage.insert(v.id.clone(), pool.storage_id().cloned());
                     volumes.insert(v.id);

@@ -54,6 +54,9 @@ pub struct ServeOptions {
     /// An API server URL used instead of the in-cluster config, without
     /// credentials (tests and debugging only; `--kube-api`).
     pub kube_api: Option<String>,
+    /// How often the pool monitor looks at the pools (and retries the
+    /// ones that have not opened): `--pool-check-interval`.
+    pub pool_check_interval: std::time::Duration,
 }
 
 /// How big the serving runtime is: async workers, blocking threads and glibc
@@ -195,6 +198,11 @@ pub async fn serve(opts: ServeOptions, shutdown: impl Future<Output = ()> + Send
         driver.clone(),
         opts.kube_api.clone(),
     )));
+    let _monitor = AbortOnDrop(tokio::spawn(run_monitor(
+        driver.clone(),
+        opts.kube_api.clone(),
+        opts.pool_check_interval,
+    )));
     let router = Server::builder()
         .add_service(IdentityServer::new(IdentityService::new(driver.clone())))
         .add_service(ControllerServer::new(ControllerService::new(
@@ -303,6 +311,30 @@ async fn publish_storage(driver: Arc<Driver>, kube_api: Option<String>) {
             Err(e) => tracing::debug!(error = %e, "storage identities not published yet"),
         }
         tokio::time::sleep(STORAGE_RETRY).await;
+    }
+}
+
+/// Runs the pool monitor (`monitor.rs`) for as long as the driver serves:
+/// Events once a cluster answers, and the storage identities published
+/// again whenever a pool opens late.
+async fn run_monitor(driver: Arc<Driver>, kube_api: Option<String>, every: std::time::Duration) {
+    let mut monitor = crate::monitor::Monitor::new(driver.clone());
+    // Replaced (the earlier one stopped) when another pool opens; stopped
+    // with the monitor.
+    let mut _late: Option<AbortOnDrop> = None;
+    loop {
+        if !monitor.has_cluster() {
+            if let Ok(client) = cluster_client(kube_api.as_deref()).await {
+                monitor.set_cluster(client);
+            }
+        }
+        if !monitor.pass().await.is_empty() {
+            _late = Some(AbortOnDrop(tokio::spawn(publish_storage(
+                driver.clone(),
+                kube_api.clone(),
+            ))));
+        }
+        tokio::time::sleep(every).await;
     }
 }
 

@@ -171,6 +171,21 @@ struct ServeArgs {
     /// glibc malloc arenas at most (MALLOC_ARENA_MAX, when set, wins). Default: one per 4 usable cores, at least 1.
     #[arg(long, env = "LOCALVOL_MALLOC_ARENAS", value_parser = clap::value_parser!(u16).range(1..))]
     malloc_arenas: Option<u16>,
+    /// Seconds between looks at the pools' health: an unusable pool is
+    /// found (capacity 0, its RPCs refused, an Event), a recovered one
+    /// serves again, and a pool that did not open is tried again.
+    #[arg(long, env = "LOCALVOL_POOL_CHECK_INTERVAL", default_value_t = 10.0, value_parser = parse_interval)]
+    pool_check_interval: f64,
+}
+
+/// A positive number of seconds, at most a day.
+fn parse_interval(s: &str) -> Result<f64, String> {
+    match s.parse::<f64>() {
+        Ok(v) if v > 0.0 && v <= 86_400.0 => Ok(v),
+        _ => Err(format!(
+            "{s:?}: expected seconds, more than 0 and at most 86400"
+        )),
+    }
 }
 
 impl ServeArgs {
@@ -217,6 +232,7 @@ async fn serve(args: ServeArgs) -> Result<(), String> {
         metrics_addr: args.metrics_addr,
         namespace: args.namespace,
         kube_api: args.kube_api,
+        pool_check_interval: std::time::Duration::from_secs_f64(args.pool_check_interval),
     };
     server::serve(opts, shutdown_signal())
         .await

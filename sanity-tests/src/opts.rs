@@ -15,6 +15,8 @@ pub struct PoolOpts {
     pub default_size: Option<String>,
     /// `quota:` (`required`, `auto` or `off`).
     pub quota: Option<String>,
+    /// `requireMountPoint:` (`true` or `false`).
+    pub require_mount_point: Option<String>,
 }
 
 impl PoolOpts {
@@ -25,7 +27,12 @@ impl PoolOpts {
             capacity: None,
             default_size: None,
             quota: None,
+            require_mount_point: None,
         }
+    }
+    pub fn require_mount_point(mut self, on: bool) -> Self {
+        self.require_mount_point = Some(on.to_string());
+        self
     }
     pub fn capacity(mut self, q: &str) -> Self {
         self.capacity = Some(q.to_owned());

@@ -403,6 +403,13 @@ pub struct DirPoolConfig {
     /// blank and mounted at `path` with `prjquota` (`src/pool/disks.rs`).
     #[serde(default)]
     pub device: Option<PathBuf>,
+    /// Serve only while `path` is a mount point: a disk mounted there by
+    /// the node (fstab, systemd) that is not mounted yet at boot leaves
+    /// the pool unusable, and nothing is written to the filesystem
+    /// underneath, where the disk would hide it. Default: on with
+    /// `device:`, off otherwise (a pool in a plain directory).
+    #[serde(default)]
+    pub require_mount_point: Option<bool>,
 }
 
 /// Whether a dir pool enforces volume sizes with project quotas.
@@ -448,6 +455,7 @@ impl Config {
                 default_size: None,
                 quota: QuotaMode::Auto,
                 device: None,
+                require_mount_point: None,
             })],
             discovery: None,
             orphans: None,
@@ -573,6 +581,11 @@ fn check_shared_devices(pools: &[PoolConfig]) -> Result<()> {
 }
 
 impl DirPoolConfig {
+    /// Whether the pool serves only while its path is a mount point.
+    pub fn requires_mount_point(&self) -> bool {
+        self.require_mount_point.unwrap_or(self.device.is_some())
+    }
+
     fn validate(&self) -> Result<()> {
         let d = self;
         if !d.path.is_absolute() {

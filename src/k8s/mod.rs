@@ -42,6 +42,34 @@ pub async fn publish_event(
     }
 }
 
+/// Records an Event about this node's Node object; a failure to record is
+/// logged, never fatal.
+pub async fn publish_node_event(
+    recorder: &Recorder,
+    node: &str,
+    type_: EventType,
+    reason: &str,
+    action: &str,
+    note: String,
+) {
+    let ev = Event {
+        type_,
+        reason: reason.into(),
+        note: Some(note),
+        action: action.into(),
+        secondary: None,
+    };
+    let node_ref = k8s_openapi::api::core::v1::ObjectReference {
+        api_version: Some("v1".into()),
+        kind: Some("Node".into()),
+        name: Some(node.to_owned()),
+        ..Default::default()
+    };
+    if let Err(e) = recorder.publish(&ev, &node_ref).await {
+        tracing::warn!(error = %e, reason, "could not record an event");
+    }
+}
+
 /// The node a PV of `driver` is pinned to by its node affinity on the
 /// topology key (`In` exactly one node); None for anything else.
 pub fn pinned_node<'a>(pv: &'a PersistentVolume, driver: &str) -> Option<&'a str> {

@@ -404,6 +404,37 @@ pub async fn prepare_lvm(cfg: &LvmPoolConfig) -> Result<(), Unusable> {
 /// mounts it at the pool's path with `prjquota`, or mounts the XFS the driver
 /// made there before; nothing when it is mounted there already or the pool
 /// names no device. `Err`: the pool must not start, and why.
+/// For a dir pool that must sit on a mount point (`requireMountPoint`):
+/// refuses while its path is not one, before anything is made there.
+pub async fn check_mount_point(cfg: &DirPoolConfig) -> Result<(), Unusable> {
+    if !cfg.requires_mount_point() {
+        return Ok(());
+    }
+    let path = cfg.path.clone();
+    let mounted = blocking(move || {
+        let root = match fs::canonicalize(&path) {
+            Ok(r) => r,
+            Err(e) if e.kind() == ErrorKind::NotFound => return Ok(false),
+            Err(e) => {
+                return Err(PoolError::from(IoError::new(
+                    format!("resolving {path:?}"),
+                    e,
+                )))
+            }
+        };
+        Ok(MountTable::read()?.at(&root).is_some())
+    })
+    .await
+    .map_err(disks_failed)?;
+    if mounted {
+        Ok(())
+    } else {
+        Err(Unusable::NotAMountPoint {
+            path: cfg.path.clone(),
+        })
+    }
+}
+
 pub async fn prepare_dir(cfg: &DirPoolConfig) -> Result<(), Unusable> {
     let Some(device) = cfg.device.clone() else {
         return Ok(());

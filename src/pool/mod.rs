@@ -2,15 +2,13 @@
 //! trait; each backend (`dir`, later `lvm`) keeps its own ground truth on the node
 //! and never sees a proto type.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
 use std::path::PathBuf;
-use std::sync::Arc;
 
 use async_trait::async_trait;
 use serde::{Deserialize, Serialize};
 
 use crate::blockdev::FsType;
-use crate::config::{Config, PoolConfig};
 pub use crate::crypt::Encryption;
 use crate::ids::{PoolName, StorageId, VolumeId, VolumeName};
 
@@ -19,8 +17,10 @@ pub mod disks;
 mod error;
 pub mod lvm;
 mod refused;
+mod set;
 
 pub use error::{PoolError, Result};
+pub use set::{Change, Pools};
 
 /// How a volume is consumed.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -280,9 +280,10 @@ impl Health {
     }
 }
 
-/// Why a pool cannot serve: its storage is gone or is not what the pool
-/// opened. Each is a fault of the node, not a state the driver grows out of
-/// by itself (the CSI Probe answers FAILED_PRECONDITION for it).
+/// Why a pool cannot serve: its storage is gone, is not what the pool
+/// opened, or was not there to open. The pool's RPCs are refused with the
+/// reason and it offers no capacity until the storage is back; the
+/// other pools serve on (the pool monitor, `monitor.rs`).
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 pub enum Unusable {
     /// The directory cannot be looked at (removed, renamed away, EIO...).
@@ -327,6 +328,22 @@ pub enum Unusable {
     /// mount), or they cannot make the pool.
     #[error("preparing the pool's disks failed: {0}")]
     DisksFailed(String),
+    /// The pool has not been opened yet (the first attempt runs at start).
+    #[error("not opened yet")]
+    NotOpened,
+    /// Opening the pool failed: its volume group is not there, its
+    /// directory cannot be made, its quotas are required but missing...
+    #[error("it could not be opened: {0}")]
+    OpenFailed(String),
+    /// The dir pool's path must be a mount point (`requireMountPoint`,
+    /// on for a pool with `device:`) and is not: its disk is not mounted
+    /// (yet). Nothing is written below it meanwhile, so nothing is hidden
+    /// when the disk is mounted.
+    #[error(
+        "{path:?} is not a mount point (requireMountPoint): its disk is not mounted; \
+         nothing is written there until it is"
+    )]
+    NotAMountPoint { path: PathBuf },
     /// The check itself failed (an lvm report that timed out or failed).
     #[error("the health check failed: {0}")]
     CheckFailed(String),
@@ -469,78 +486,4 @@ pub trait Snapshots: Send + Sync {
     async fn delete_snapshot(&self, id: &VolumeId) -> Result<()>;
     async fn get_snapshot(&self, id: &VolumeId) -> Result<Option<Snapshot>>;
     async fn list_snapshots(&self) -> Result<Vec<Snapshot>>;
-}
-
-/// The pools of this node, by name.
-pub struct Pools {
-    pools: HashMap<PoolName, Arc<dyn Pool>>,
-    order: Vec<PoolName>,
-    default: PoolName,
-}
-
-impl Pools {
-    /// Opens every configured pool; a pool that cannot be opened stops start-up
-    /// with a message naming it.
-    pub async fn open(cfg: &Config) -> Result<Self> {
-        let mut pools: HashMap<PoolName, Arc<dyn Pool>> = HashMap::new();
-        let mut order = Vec::new();
-        for pc in &cfg.pools {
-            // A pool whose disks are refused serves nothing and says why;
-            // the others open as usual.
-            let prepared = match pc {
-                PoolConfig::Dir(d) => disks::prepare_dir(d).await,
-                PoolConfig::Lvm(l) => disks::prepare_lvm(l).await,
-            };
-            let pool: Arc<dyn Pool> = match (pc, prepared) {
-                (_, Err(why)) => {
-                    tracing::error!(pool = %pc.name(), reason = %why, "pool not started");
-                    Arc::new(refused::RefusedPool::new(pc, why))
-                }
-                (PoolConfig::Dir(d), Ok(())) => Arc::new(dir::DirPool::open(d.clone()).await?),
-                (PoolConfig::Lvm(l), Ok(())) => Arc::new(lvm::LvmPool::open(l.clone()).await?),
-            };
-            tracing::info!(pool = %pc.name(), backend = pool.backend(), "pool opened");
-            order.push(pc.name().clone());
-            pools.insert(pc.name().clone(), pool);
-        }
-        Ok(Pools {
-            pools,
-            order,
-            default: cfg.default_pool().clone(),
-        })
-    }
-
-    pub fn get(&self, name: &PoolName) -> Option<&Arc<dyn Pool>> {
-        self.pools.get(name)
-    }
-
-    /// The pool named by a request, or NOT_FOUND-style INVALID_ARGUMENT.
-    pub fn require(&self, name: &PoolName) -> Result<&Arc<dyn Pool>> {
-        self.get(name).ok_or_else(|| PoolError::UnknownPool {
-            pool: name.clone(),
-            known: self.names(),
-        })
-    }
-
-    pub fn default_pool(&self) -> &PoolName {
-        &self.default
-    }
-
-    /// Whether any pool takes snapshots (the driver advertises them then).
-    pub fn any_snapshots(&self) -> bool {
-        self.iter().any(|p| p.snapshots().is_some())
-    }
-
-    /// Pools in config order.
-    pub fn iter(&self) -> impl Iterator<Item = &Arc<dyn Pool>> {
-        self.order.iter().map(|n| &self.pools[n])
-    }
-
-    fn names(&self) -> String {
-        self.order
-            .iter()
-            .map(|n| n.as_str())
-            .collect::<Vec<_>>()
-            .join(", ")
-    }
 }

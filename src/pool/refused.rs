@@ -1,13 +1,19 @@
-//! A pool that did not start because its disks were refused
-//! (`disks.rs`): it reports why as its health, and every call on it fails
-//! with that reason. Nothing is answered as if the pool were empty: a
-//! DeleteVolume must not succeed for a volume that may be on the disks.
+//! The stand-in for a pool that has not opened (its disks refused by
+//! `disks.rs`, its volume group missing, its mount point not mounted):
+//! it reports why as its health, and every call on it fails with that
+//! reason until the pool opens (`set.rs`). Nothing is answered as if the
+//! pool were empty: a DeleteVolume must not succeed for a volume that may
+//! be on the disks. It offers what its backend offers (snapshots,
+//! encryption, node-side expansion), so that the driver's capabilities do
+//! not change when the pool opens later.
+
+use std::sync::Mutex;
 
 use async_trait::async_trait;
 
 use super::{
     AccessType, Capacity, CapacityRange, CreateRequest, Expanded, Health, NodeSide, Pool,
-    PoolError, Result, Source, Unusable, Volume,
+    PoolError, Result, Snapshot, SnapshotRequest, Snapshots, Source, Unusable, Volume,
 };
 use crate::config::PoolConfig;
 use crate::ids::{PoolName, VolumeId};
@@ -15,7 +21,7 @@ use crate::ids::{PoolName, VolumeId};
 pub struct RefusedPool {
     name: PoolName,
     backend: &'static str,
-    why: Unusable,
+    why: Mutex<Unusable>,
 }
 
 impl RefusedPool {
@@ -27,15 +33,28 @@ impl RefusedPool {
         RefusedPool {
             name: cfg.name().clone(),
             backend,
-            why,
+            why: Mutex::new(why),
         }
+    }
+
+    /// The latest reason the pool did not open.
+    pub fn set_why(&self, why: Unusable) {
+        *self.why.lock().unwrap() = why;
+    }
+
+    fn why(&self) -> Unusable {
+        self.why.lock().unwrap().clone()
     }
 
     fn err(&self) -> PoolError {
         PoolError::NotStarted {
             pool: self.name.to_string(),
-            why: self.why.to_string(),
+            why: self.why().to_string(),
         }
+    }
+
+    fn lvm(&self) -> bool {
+        self.backend == "lvm"
     }
 }
 
@@ -61,8 +80,17 @@ impl Pool for RefusedPool {
     fn supports(&self, _access: AccessType) -> bool {
         true
     }
+    fn expands_on_node(&self) -> bool {
+        self.lvm()
+    }
+    fn encrypts(&self) -> bool {
+        self.lvm()
+    }
+    fn snapshots(&self) -> Option<&dyn Snapshots> {
+        self.lvm().then_some(self as &dyn Snapshots)
+    }
     async fn health(&self) -> Health {
-        Health::Unusable(self.why.clone())
+        Health::Unusable(self.why())
     }
     async fn create(&self, _req: &CreateRequest) -> Result<Volume> {
         Err(self.err())
@@ -80,6 +108,22 @@ impl Pool for RefusedPool {
         Err(self.err())
     }
     async fn capacity(&self) -> Result<Capacity> {
+        Err(self.err())
+    }
+}
+
+#[async_trait]
+impl Snapshots for RefusedPool {
+    async fn create_snapshot(&self, _req: &SnapshotRequest) -> Result<Snapshot> {
+        Err(self.err())
+    }
+    async fn delete_snapshot(&self, _id: &VolumeId) -> Result<()> {
+        Err(self.err())
+    }
+    async fn get_snapshot(&self, _id: &VolumeId) -> Result<Option<Snapshot>> {
+        Err(self.err())
+    }
+    async fn list_snapshots(&self) -> Result<Vec<Snapshot>> {
         Err(self.err())
     }
 }

@@ -65,11 +65,12 @@ impl csi::identity_server::Identity for IdentityService {
         &self,
         _req: Request<csi::ProbeRequest>,
     ) -> Result<Response<csi::ProbeResponse>, Status> {
+        // Ready whenever the driver answers. A pool that cannot serve is
+        // not a reason to restart the plugin (a restart brings no disk
+        // back, and every other pool's volumes would lose their plugin
+        // meanwhile): it offers no capacity and refuses its own RPCs
+        // instead (`monitor.rs`).
         rpc("Probe", "", async {
-            if let Err(unhealthy) = self.driver.health().await {
-                tracing::warn!(reason = %unhealthy, "not healthy");
-                return Err(unhealthy.into());
-            }
             Ok(csi::ProbeResponse { ready: Some(true) })
         })
         .await

@@ -251,6 +251,7 @@ impl csi::node_server::Node for NodeService {
             let key = req.secrets.get(KEY_FIELD).map(|v| Key::new(v.as_bytes()));
             let storage = super::decode_storage_id(&req.volume_context)?;
             let (id, pool, vol) = self.driver.require("volume_id", &req.volume_id).await?;
+            self.driver.require_usable(&id.pool)?;
             self.driver
                 .check_storage(&id, pool.as_ref(), storage.as_ref())?;
             check_access_type(&cap, &vol)?;
@@ -304,7 +305,23 @@ impl csi::node_server::Node for NodeService {
             {
                 return Ok(csi::NodeUnstageVolumeResponse {});
             }
-            let (id, pool, vol) = self.driver.require("volume_id", &req.volume_id).await?;
+            let found = self.driver.require("volume_id", &req.volume_id).await;
+            let (id, pool, vol) = match found {
+                Err(e) if e.pool_not_open() => {
+                    // Its pool could not be opened, so the volume cannot be
+                    // looked up; its mount is released all the same (an
+                    // unmount loses nothing), so that its pods can go.
+                    tracing::warn!(volume = %truncate(&req.volume_id), error = %e,
+                        "unstaging a volume of a pool that is not open");
+                    blocking(move || -> Result<_> {
+                        let (scope, staging) = staging.resolve_in()?;
+                        Ok(nodeops::unstage(&scope, &staging, None)?)
+                    })
+                    .await?;
+                    return Ok(csi::NodeUnstageVolumeResponse {});
+                }
+                found => found?,
+            };
             let _guard = self.driver.lock_volume(&id)?;
             let src = pool.source(&vol).ok();
             blocking(move || -> Result<_> {
@@ -343,6 +360,7 @@ impl csi::node_server::Node for NodeService {
                 )));
             }
             let (id, pool, vol) = self.driver.require("volume_id", &req.volume_id).await?;
+            self.driver.require_usable(&id.pool)?;
             self.driver
                 .check_storage(&id, pool.as_ref(), storage.as_ref())?;
             check_access_type(&cap, &vol)?;
@@ -394,7 +412,20 @@ impl csi::node_server::Node for NodeService {
                 tracing::info!(volume = %id, name = %vol.name, "ephemeral volume removed");
                 return Ok(csi::NodeUnpublishVolumeResponse {});
             }
-            let found = self.driver.find("volume_id", &req.volume_id).await?;
+            let found = match self.driver.find("volume_id", &req.volume_id).await {
+                Err(e) if e.pool_not_open() => {
+                    // As in NodeUnstageVolume: the pod's mount goes, so
+                    // that the pod can, while the pool is not open.
+                    tracing::warn!(volume = %truncate(&req.volume_id), error = %e,
+                        "unpublishing a volume of a pool that is not open");
+                    blocking(move || -> Result<_> {
+                        Ok(nodeops::unpublish(&target.resolve()?, None)?)
+                    })
+                    .await?;
+                    return Ok(csi::NodeUnpublishVolumeResponse {});
+                }
+                found => found?,
+            };
             let Some((id, pool, vol)) = found else {
                 // Nothing left to attribute the target to. An empty target is
                 // idempotently gone; a mounted one is not ours to touch.
@@ -433,7 +464,15 @@ impl csi::node_server::Node for NodeService {
         rpc("NodeGetVolumeStats", &req.volume_id, async {
             check_text("volume_id", &req.volume_id)?;
             let place = self.lookup_path(&req.volume_path)?;
-            let (_, pool, vol) = self.driver.require("volume_id", &req.volume_id).await?;
+            let (id, pool, vol) = self.driver.require("volume_id", &req.volume_id).await?;
+            if let Some(why) = self.driver.pools.unusable(&id.pool) {
+                // An answer, not an error: kubelet shows the condition on
+                // the pod's PVC (and the health monitor reports it).
+                let r = unusable_stats(&id.pool, &why, vol.size_bytes);
+                let why = r.volume_condition.as_ref().map(|c| c.message.as_str());
+                note_condition(id.pool.as_str(), vol.id.as_str(), why);
+                return Ok(r);
+            }
             let block = vol.access_type == AccessType::Block;
             let at = self.volume_path(place, &pool, &vol, !block).await?;
             let usage = pool.usage(&vol).await?;
@@ -507,6 +546,7 @@ impl csi::node_server::Node for NodeService {
                 None => None,
             };
             let (id, pool, vol) = self.driver.require("volume_id", &req.volume_id).await?;
+            self.driver.require_usable(&id.pool)?;
             if let Some(cap) = &cap {
                 check_access_type(cap, &vol)?;
             }
@@ -561,6 +601,27 @@ impl csi::node_server::Node for NodeService {
             })
         })
         .await
+    }
+}
+
+/// NodeGetVolumeStats of a volume whose pool cannot serve now: its size,
+/// and an abnormal condition that says why.
+fn unusable_stats(
+    pool: &crate::ids::PoolName,
+    why: &crate::pool::Unusable,
+    size: u64,
+) -> csi::NodeGetVolumeStatsResponse {
+    csi::NodeGetVolumeStatsResponse {
+        usage: vec![csi::VolumeUsage {
+            available: 0,
+            total: to_i64(size),
+            used: 0,
+            unit: csi::volume_usage::Unit::Bytes as i32,
+        }],
+        volume_condition: Some(csi::VolumeCondition {
+            abnormal: true,
+            message: format!("pool {pool} is unusable: {why}"),
+        }),
     }
 }
 

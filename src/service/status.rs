@@ -11,7 +11,7 @@ use crate::blockdev::UnknownFs;
 use crate::command::CommandError;
 use crate::crypt::{CryptError, KeyError};
 use crate::discovery::StaticError;
-use crate::driver::{DriverError, Unhealthy};
+use crate::driver::DriverError;
 use crate::error::IoError;
 use crate::fsutil::{FsError, PathError};
 use crate::ids::InvalidName;
@@ -194,6 +194,20 @@ pub fn driver_code(e: &DriverError) -> Code {
         DriverError::SourceInOtherPool { .. } => Code::InvalidArgument,
         DriverError::SourceNotFound { .. } => Code::NotFound,
         DriverError::OtherStorage { .. } => Code::FailedPrecondition,
+        DriverError::PoolUnusable { new, .. } => unusable_code(*new),
+    }
+}
+
+/// A pool that cannot serve now: its RPCs are retried (UNAVAILABLE) until
+/// its storage is back. A new volume asked of it is RESOURCE_EXHAUSTED,
+/// as for a full pool: external-provisioner then hands a claim that waited
+/// for its first consumer back to the scheduler, which picks another node
+/// (the pool offers no capacity meanwhile).
+pub fn unusable_code(new: bool) -> Code {
+    if new {
+        Code::ResourceExhausted
+    } else {
+        Code::Unavailable
     }
 }
 
@@ -207,11 +221,6 @@ pub fn room_code(e: &RoomError) -> Code {
     }
 }
 
-/// A pool that cannot serve makes the plugin unhealthy: the CSI spec's
-/// Probe answers FAILED_PRECONDITION for that ("Plugin not healthy"), and
-/// keeps `ready: false` for a plugin that is still initializing, which
-/// localvol never is once it serves (it opens every pool before binding the
-/// socket).
 /// A key that does not open the volume is an invalid argument: the secret
 /// is a field of the request, and the CO must fix it before retrying (the
 /// spec's meaning of INVALID_ARGUMENT). The volume's own state (holding
@@ -229,10 +238,6 @@ pub fn crypt_code(e: &CryptError) -> Code {
         CryptError::Mount(e) => mount_code(e),
         CryptError::Command(e) => command_code(e),
     }
-}
-
-pub fn unhealthy_code(_: &Unhealthy) -> Code {
-    Code::FailedPrecondition
 }
 
 /// What a service refuses by itself, once a request is decoded: each
@@ -306,7 +311,6 @@ macro_rules! to_status {
 }
 
 to_status! {
-    Unhealthy => unhealthy_code;
     IoError => io_code;
     CommandError => command_code;
     FsError => fs_code;

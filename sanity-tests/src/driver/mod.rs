@@ -129,6 +129,9 @@ impl Driver {
                     y.push_str(&format!("    {k}: {}\n", yaml_str(v)));
                 }
             }
+            if let Some(on) = &p.require_mount_point {
+                y.push_str(&format!("    requireMountPoint: {on}\n"));
+            }
         }
         for p in &self.opts.lvm_pools {
             y.push_str(&p.yaml());
@@ -168,6 +171,9 @@ impl Driver {
         if std::env::var_os("RUST_LOG").is_none() {
             cmd.env("RUST_LOG", "info");
         }
+        // Pools looked at often, so that tests see a change within a
+        // fraction of a second (a test's own env may say otherwise).
+        cmd.env("LOCALVOL_POOL_CHECK_INTERVAL", "0.1");
         for (k, v) in &self.opts.env {
             cmd.env(k, v);
         }

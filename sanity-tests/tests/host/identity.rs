@@ -77,137 +77,6 @@ async fn probe_is_ready() {
     }
 }
 
-/// Probe's answer: `Ok(ready)`, or the error code and message.
-async fn probe(d: &Driver) -> Result<Option<bool>, (Code, String)> {
-    match d.identity().probe(csi::ProbeRequest {}).await {
-        Ok(r) => Ok(r.into_inner().ready),
-        Err(s) => Err((s.code(), s.message().to_owned())),
-    }
-}
-
-/// Probe says the plugin is not healthy (the CSI spec's "Plugin not
-/// healthy": FAILED_PRECONDITION; `ready: false` is for a plugin that is
-/// still initializing) and names the pool and `why`.
-#[track_caller]
-fn assert_unhealthy(got: Result<Option<bool>, (Code, String)>, pool: &str, why: &str) {
-    match got {
-        Err((Code::FailedPrecondition, msg)) => assert!(
-            msg.contains(&format!("pool {pool}: ")) && msg.contains(why),
-            "message {msg:?} should name pool {pool} and say {why:?}"
-        ),
-        other => panic!("expected FAILED_PRECONDITION for pool {pool} ({why}), got {other:?}"),
-    }
-}
-
-const READY: Result<Option<bool>, (Code, String)> = Ok(Some(true));
-
-#[tokio::test]
-async fn probe_unhealthy_while_the_pool_dir_is_gone() {
-    let d = Driver::start_default().await;
-    let vol = d.create("keep-me", 0).await;
-    let volumes = d.volumes_dir();
-    let aside = volumes.with_file_name("volumes.aside");
-
-    // Renamed behind the driver's back.
-    fs::rename(&volumes, &aside).unwrap();
-    assert_unhealthy(probe(&d).await, "default", "cannot be read");
-    fs::rename(&aside, &volumes).unwrap();
-    assert_eq!(probe(&d).await, READY, "volumes dir restored");
-
-    // Replaced by a regular file.
-    fs::rename(&volumes, &aside).unwrap();
-    fs::write(&volumes, b"not a dir").unwrap();
-    assert_unhealthy(probe(&d).await, "default", "is not a directory");
-    fs::remove_file(&volumes).unwrap();
-    fs::rename(&aside, &volumes).unwrap();
-    assert_eq!(probe(&d).await, READY, "volumes dir restored again");
-
-    // The volume survived all of that.
-    let listed = d.list_all().await;
-    assert_eq!(listed.len(), 1);
-    assert_eq!(listed[0].volume_id, vol.volume_id);
-    assert!(d.volume_data_dir(&vol.volume_id).is_dir());
-}
-
-#[tokio::test]
-async fn probe_unhealthy_when_the_pool_root_is_replaced() {
-    let d = Driver::start_default().await;
-    let vol = d.create("keep-me", 0).await;
-    let root = d.pool_dir("default");
-    let aside = root.with_file_name("pool.aside");
-
-    // The pool's root renamed away: nothing at the path.
-    fs::rename(&root, &aside).unwrap();
-    assert_unhealthy(probe(&d).await, "default", "cannot be read");
-    // A new, empty tree at the same path (what a pool whose disk is gone
-    // shows): a directory, writable, but not the one holding the records.
-    fs::create_dir_all(root.join("volumes")).unwrap();
-    assert_unhealthy(
-        probe(&d).await,
-        "default",
-        "no longer the directory the pool opened",
-    );
-    // The real one back.
-    fs::remove_dir_all(&root).unwrap();
-    fs::rename(&aside, &root).unwrap();
-    assert_eq!(probe(&d).await, READY, "pool root restored");
-    assert_eq!(d.list_all().await[0].volume_id, vol.volume_id);
-}
-
-#[tokio::test]
-async fn probe_unhealthy_when_the_pool_filesystem_is_unmounted() {
-    use nix::mount::{mount, umount2, MntFlags, MsFlags};
-    require_root();
-    let mut d = Driver::new(DriverOpts::default());
-    let root = d.volumes_dir().parent().unwrap().to_owned();
-    let disk = d.dir().join("disk");
-    // Below the mount point, a `volumes/` of its own (as an earlier start
-    // without the disk mounted would have left): unmounted, the path still
-    // shows a writable pool directory.
-    fs::create_dir_all(root.join("volumes")).unwrap();
-    fs::create_dir_all(&disk).unwrap();
-    let bind = |what: &str| {
-        mount(
-            Some(&disk),
-            &root,
-            None::<&str>,
-            MsFlags::MS_BIND,
-            None::<&str>,
-        )
-        .unwrap_or_else(|e| panic!("{what}: bind-mounting {disk:?} at {root:?}: {e}"))
-    };
-    bind("first mount");
-    d.start_again().await;
-    let vol = d.create("on-the-disk", 0).await;
-    assert_eq!(probe(&d).await, READY);
-
-    umount2(&root, MntFlags::MNT_DETACH).unwrap();
-    assert_unhealthy(
-        probe(&d).await,
-        "default",
-        "no longer the directory the pool opened",
-    );
-    bind("mount again");
-    assert_eq!(probe(&d).await, READY, "the pool's filesystem is back");
-    assert_eq!(d.list_all().await[0].volume_id, vol.volume_id);
-}
-
-#[tokio::test]
-async fn probe_checks_every_pool() {
-    let d = Driver::start(DriverOpts {
-        pools: vec![PoolOpts::new("one"), PoolOpts::new("two")],
-        ..DriverOpts::default()
-    })
-    .await;
-    assert_eq!(probe(&d).await, READY);
-    let second = d.pool_dir("two").join("volumes");
-    let aside = second.with_file_name("volumes.aside");
-    fs::rename(&second, &aside).unwrap();
-    assert_unhealthy(probe(&d).await, "two", "cannot be read");
-    fs::rename(&aside, &second).unwrap();
-    assert_eq!(probe(&d).await, READY);
-}
-
 #[tokio::test]
 async fn serve_refuses_a_bad_config() {
     let mut d = Driver::new(DriverOpts {
@@ -272,29 +141,23 @@ async fn socket_permissions() {
 }
 
 /// A pool whose `device:` cannot be taken (here not a block device at all)
-/// does not start: Probe names it and why, calls on it are UNAVAILABLE, and
-/// the other pool keeps serving (CreateVolume's name check across pools
-/// included). The refused pool's directory stays empty: nothing was mounted.
+/// does not start, and does not take the plugin down: Probe stays ready,
+/// the pool offers no capacity, a new volume in it is RESOURCE_EXHAUSTED
+/// naming it and why, and the other pool keeps serving (CreateVolume's name
+/// check across pools included). The refused pool's directory stays empty:
+/// nothing was mounted.
 #[tokio::test]
-async fn a_pool_whose_disk_is_refused_fails_probe_while_the_others_serve() {
+async fn a_pool_whose_disk_is_refused_is_unusable_while_the_others_serve() {
     let mut d = Driver::new(DriverOpts::default());
     let path = d.dir().join("on-disk");
     d.opts_mut().extra_config = format!(
         "  - name: on-disk\n    type: dir\n    path: {}\n    device: /dev/null\n",
         path.display()
     );
-    let refused = d
-        .start_answering()
-        .await
-        .expect_err("a pool on /dev/null must not be ready");
-    assert_eq!(refused.code(), Code::FailedPrecondition, "{refused:?}");
-    assert!(
-        refused.message().contains("pool on-disk")
-            && refused
-                .message()
-                .contains("\"/dev/null\" is not a block device"),
-        "{refused:?}"
-    );
+    d.start_again().await;
+    let probe = must("Probe", d.identity().probe(csi::ProbeRequest {}).await).into_inner();
+    assert_eq!(probe.ready, Some(true));
+    assert_eq!(d.capacity(Some("on-disk")).await.available_capacity, 0);
     let mut req = create_req("beside-a-refused-pool");
     req.parameters = params(&[("pool", "default")]);
     must(
@@ -306,9 +169,13 @@ async fn a_pool_whose_disk_is_refused_fails_probe_while_the_others_serve() {
     let s = must_fail(
         "create on the refused pool",
         d.controller().create_volume(req).await,
-        Code::Unavailable,
+        Code::ResourceExhausted,
     );
-    assert!(s.message().contains("not a block device"), "{s:?}");
+    assert!(
+        s.message().contains("pool on-disk is unusable")
+            && s.message().contains("\"/dev/null\" is not a block device"),
+        "{s:?}"
+    );
     assert_eq!(fs::read_dir(&path).unwrap().count(), 0);
     assert!(mount_at(&path).is_none());
 }

@@ -29,4 +29,5 @@ mod lifecycle;
 mod node;
 mod node_replace;
 mod static_volumes;
+mod unusable_pools;
 mod upstream_findings;

@@ -1714,3 +1714,85 @@ async fn restarted_on_its_vg_keeps_volumes_a_lost_record_names() {
         started.elapsed().as_secs_f64()
     );
 }
+
+/// An LVM pool whose volume group is not there when the driver starts (its
+/// disk not attached yet, say) does not take the plugin down: the driver
+/// serves, the dir pool beside it runs a lifecycle, the LVM pool offers no
+/// capacity and refuses a new volume with RESOURCE_EXHAUSTED naming the VG.
+/// Once the VG appears the pool opens without a restart and serves.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs device-mapper: run by make test-vm in the VM"]
+async fn a_volume_group_missing_at_start_opens_when_it_appears() {
+    require_root();
+    let vg = LoopVg::create(256 << 20, None);
+    let away = format!("{}away", vg.vg);
+    run_cmd("lvm", &["vgrename", "-qq", &vg.vg, &away]);
+    // Back under its own name when the test ends, so that LoopVg removes it.
+    struct Back<'a>(&'a str, &'a str);
+    impl Drop for Back<'_> {
+        fn drop(&mut self) {
+            let _ = Command::new("lvm")
+                .args(["vgrename", "-qq", self.0, self.1])
+                .status();
+        }
+    }
+    let mut back = Some(Back(&away, &vg.vg));
+    let d = Driver::start(DriverOpts {
+        lvm_pools: vec![LvmPoolOpts::new("late", &vg.vg)],
+        ..DriverOpts::default()
+    })
+    .await;
+    let new_in_late = |name: &str| {
+        let mut req = create_req(name);
+        req.parameters = params(&[("pool", "late")]);
+        req.capacity_range = Some(range(16 * MI, 0));
+        let mut c = d.controller();
+        async move { c.create_volume(req).await }
+    };
+
+    let s = must_fail(
+        "a volume in a pool whose VG is missing",
+        new_in_late("too-early").await,
+        Code::ResourceExhausted,
+    );
+    assert!(
+        s.message().contains("pool late is unusable") && s.message().contains(&vg.vg),
+        "{s:?}"
+    );
+    assert_eq!(d.capacity(Some("late")).await.available_capacity, 0);
+    let probe = must("Probe", d.identity().probe(csi::ProbeRequest {}).await);
+    assert_eq!(probe.into_inner().ready, Some(true));
+    let on_dir = d.create("on-the-dir-pool", 0).await;
+    d.delete(&on_dir.volume_id).await;
+
+    drop(back.take());
+    let start = Instant::now();
+    let vol = loop {
+        match new_in_late("after-the-vg-came").await {
+            Ok(r) => break r.into_inner().volume.expect("a volume"),
+            Err(s) if start.elapsed() < Duration::from_secs(60) => {
+                assert_eq!(s.code(), Code::ResourceExhausted, "{s:?}");
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+            Err(s) => panic!(
+                "the pool did not open within 60 s of its VG: {s:?}\n{}",
+                d.log_tail(30)
+            ),
+        }
+    };
+    assert!(d.capacity(Some("late")).await.available_capacity > 0);
+    assert!(
+        vg.lvs()
+            .iter()
+            .any(|lv| vol.volume_id.ends_with(&lv.name[3..])),
+        "the volume is an LV of {}: {:?}",
+        vg.vg,
+        vg.lvs()
+    );
+    d.delete(&vol.volume_id).await;
+    assert!(
+        d.log_tail(200).contains("pool opened"),
+        "{}",
+        d.log_tail(30)
+    );
+}

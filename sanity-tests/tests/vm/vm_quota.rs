@@ -760,20 +760,25 @@ async fn capacity_is_free_space_less_unused_quota_and_reserve() {
 // quota: required refuses filesystems that do not enforce project quotas
 // ---------------------------------------------------------------------------
 
-/// Starts a `quota: required` driver on `kind` mounted with `options`; it must
-/// refuse, and its error must tell the operator to mount with prjquota.
+/// Starts a `quota: required` driver on `kind` mounted with `options`: the
+/// pool must not open (the driver serves on, the pool unusable), and a new
+/// volume in it is refused with an error that tells the operator to mount
+/// with prjquota.
 async fn assert_refuses(kind: FsKind, options: &str) {
     let mut q = QuotaPool::prepare(kind, PoolOpts::new(POOL).quota("required"), options);
-    let err = match q.d.try_start_again().await {
-        Ok(()) => {
-            panic!("{kind} mounted with {options:?}: the driver started with quota: required")
-        }
-        Err(e) => e,
-    };
-    assert!(
-        err.contains("quota: required") && err.contains("prjquota"),
-        "{kind} mounted with {options:?}: the error does not name the missing mount option:\n{err}"
+    q.d.start_again().await;
+    let mut req = create_req("refused");
+    req.parameters = params(&[("pool", POOL)]);
+    let s = must_fail(
+        &format!("{kind} mounted with {options:?}: CreateVolume with quota: required"),
+        q.d.controller().create_volume(req).await,
+        Code::ResourceExhausted,
     );
+    assert!(
+        s.message().contains("quota: required") && s.message().contains("prjquota"),
+        "{kind} mounted with {options:?}: the error does not name the missing mount option:\n{s:?}"
+    );
+    assert_eq!(q.d.capacity(Some(POOL)).await.available_capacity, 0);
     // Nothing was created on the filesystem besides the pool's own dirs.
     assert!(q.d.volume_dirs(POOL).is_empty());
 }

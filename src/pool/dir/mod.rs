@@ -151,6 +151,8 @@ impl DirPool {
             quota,
             // Mounted at `path` by `disks::prepare_dir` before this runs.
             device: _,
+            // Checked before this runs (`disks::check_mount_point`).
+            require_mount_point: _,
         } = cfg;
         let pool_name = name.clone();
         let (root, volumes, quotas, unenforced_reason, spare_dir, ident, storage) =

@@ -17,6 +17,7 @@ fn cfg(path: &Path, quota: QuotaMode) -> DirPoolConfig {
         default_size: Some(ByteSize(8 << 20)),
         quota,
         device: None,
+        require_mount_point: None,
     }
 }
 

@@ -246,6 +246,7 @@ impl csi::controller_server::Controller for ControllerService {
             let Some(pool) = self.driver.pools.get(&id.pool) else {
                 return Ok(csi::DeleteVolumeResponse {});
             };
+            self.driver.require_usable(&id.pool)?;
             let _guard = self.driver.lock_volume(&id)?;
             pool.delete(&id).await?;
             Ok(csi::DeleteVolumeResponse {})
@@ -336,7 +337,16 @@ impl csi::controller_server::Controller for ControllerService {
             let mut all = Vec::new();
             crate::lvm::one_lvs_per_vg(async {
                 for pool in self.driver.pools.iter() {
-                    all.extend(pool.list_page(token, max.saturating_add(1)).await?);
+                    let page = pool.list_page(token, max.saturating_add(1)).await;
+                    match page {
+                        // Volumes that cannot be looked at now are left out
+                        // (not reported gone) until their pool is back.
+                        Err(e) if self.driver.pools.unusable(pool.name()).is_some() => {
+                            tracing::warn!(pool = %pool.name(), error = %e,
+                                "ListVolumes: an unusable pool's volumes are left out");
+                        }
+                        page => all.extend(page?),
+                    }
                 }
                 Ok::<_, Status>(())
             })
@@ -385,7 +395,10 @@ impl csi::controller_server::Controller for ControllerService {
                 .as_ref()
                 .is_some_and(|t| !super::is_this_node(d, t));
             let unsupported = caps.iter().any(|c| !pool.supports(c.access_type));
-            if elsewhere || unsupported {
+            // A pool that cannot serve offers nothing: the scheduler then
+            // places new claims on other nodes until it is back.
+            let unusable = d.pools.unusable(pool.name()).is_some();
+            if elsewhere || unsupported || unusable {
                 return Ok(csi::GetCapacityResponse {
                     available_capacity: 0,
                     maximum_volume_size: Some(0),
@@ -454,6 +467,7 @@ impl csi::controller_server::Controller for ControllerService {
             };
             let d = &self.driver;
             let pool = d.pool_of_source(&source)?;
+            d.require_usable(pool.name())?;
             let Some(snapshots) = pool.snapshots() else {
                 return Err(Status::invalid_argument(format!(
                     "pool {} ({}) does not support snapshots",
@@ -503,6 +517,7 @@ impl csi::controller_server::Controller for ControllerService {
             let Some(snapshots) = pool.and_then(|p| p.snapshots()) else {
                 return Ok(csi::DeleteSnapshotResponse {});
             };
+            self.driver.require_usable(&id.pool)?;
             let _guard = self.driver.lock_snapshot(&id)?;
             snapshots.delete_snapshot(&id).await?;
             Ok(csi::DeleteSnapshotResponse {})
@@ -528,8 +543,17 @@ impl csi::controller_server::Controller for ControllerService {
                     }
                 }
             } else {
-                for snapshots in self.driver.pools.iter().filter_map(|p| p.snapshots()) {
-                    all.extend(snapshots.list_snapshots().await?);
+                for pool in self.driver.pools.iter() {
+                    let Some(snapshots) = pool.snapshots() else {
+                        continue;
+                    };
+                    match snapshots.list_snapshots().await {
+                        Err(e) if self.driver.pools.unusable(pool.name()).is_some() => {
+                            tracing::warn!(pool = %pool.name(), error = %e,
+                                "ListSnapshots: an unusable pool's snapshots are left out");
+                        }
+                        listed => all.extend(listed?),
+                    }
                 }
             }
             if !req.source_volume_id.is_empty() {
@@ -569,6 +593,7 @@ impl csi::controller_server::Controller for ControllerService {
             let Some((id, pool, vol)) = self.driver.find("volume_id", &req.volume_id).await? else {
                 return self.expand_elsewhere(&req.volume_id, range).await;
             };
+            self.driver.require_usable(&id.pool)?;
             let _guard = self.driver.lock_volume(&id)?;
             let r = if pool.expands_on_node() {
                 // The node that holds the device extends it in NodeExpandVolume;
