@@ -470,6 +470,18 @@ impl RequestPath {
             && (self.rest.starts_with(&other.rest) || other.rest.starts_with(&self.rest))
     }
 
+    /// Whether the path is where kubelet stages volumes (below the kubelet
+    /// directory `plugins/kubernetes.io/csi/.../globalmount`, and
+    /// `.../csi/volumeDevices/staging/<pv>` for raw block volumes): kubelet
+    /// never publishes a pod's volume there, so a NodeUnpublishVolume aimed at
+    /// it would take a staging mount from under the pods that use it.
+    pub fn is_kubelet_staging(&self) -> bool {
+        let c: Vec<&std::ffi::OsStr> = self.rest.iter().collect();
+        let csi = c.len() >= 5 && c[..3] == ["plugins", "kubernetes.io", "csi"];
+        csi && (c[c.len() - 1] == "globalmount"
+            || (c.len() == 6 && c[3] == "volumeDevices" && c[4] == "staging"))
+    }
+
     /// The filesystem part (blocking): refuses a symlink anywhere below the
     /// root and returns the path under the root's resolved location.
     pub fn resolve(&self) -> Result<PathBuf, PathError> {
@@ -536,6 +548,30 @@ pub fn fs_stats(path: &Path) -> Result<FsStats, IoError> {
 
 #[cfg(test)]
 mod tests {
+
+    #[test]
+    fn kubelet_staging_paths_are_told_from_targets() {
+        let root = Path::new("/var/lib/kubelet");
+        let p = |rest: &str| {
+            RequestPath::parse("target_path", root, &format!("{}/{rest}", root.display())).unwrap()
+        };
+        for staging in [
+            "plugins/kubernetes.io/csi/localvol.csi.dev/0123abcd/globalmount",
+            "plugins/kubernetes.io/csi/pv/pvc-1/globalmount",
+            "plugins/kubernetes.io/csi/volumeDevices/staging/pvc-1",
+        ] {
+            assert!(p(staging).is_kubelet_staging(), "{staging}");
+        }
+        for target in [
+            "pods/uid/volumes/kubernetes.io~csi/pvc-1/mount",
+            "plugins/kubernetes.io/csi/volumeDevices/publish/pvc-1/uid",
+            "plugins/kubernetes.io/csi/globalmount",
+            "staging/globalmount",
+            "plugins/kubernetes.io/csi/volumeDevices/staging/pvc-1/more",
+        ] {
+            assert!(!p(target).is_kubelet_staging(), "{target}");
+        }
+    }
     use super::*;
     use std::os::unix::fs::symlink;
 

@@ -386,10 +386,17 @@ impl csi::node_server::Node for NodeService {
         let req = req.into_inner();
         rpc("NodeUnpublishVolume", &req.volume_id, async {
             check_text("volume_id", &req.volume_id)?;
+            let target = self.request_path("target_path", &req.target_path)?;
+            if target.is_kubelet_staging() {
+                return Err(Status::invalid_argument(format!(
+                    "target_path {:?} is where kubelet stages volumes, not a pod's target: \
+                     NodeUnpublishVolume never unmounts a staging path (NodeUnstageVolume does)",
+                    req.target_path
+                )));
+            }
             // kubelet stops asking about its condition: the gauge would go
             // stale (another pod's mount answers again at its next stats).
             crate::metrics::forget_volume_condition(&req.volume_id);
-            let target = self.request_path("target_path", &req.target_path)?;
             if self
                 .by_device(&req.volume_id, &target, nodeops::unpublish_device, false)
                 .await?

@@ -856,3 +856,48 @@ async fn kubelet_dir_behind_a_symlink() {
     );
     d.delete(id).await;
 }
+
+/// A NodeUnpublishVolume aimed at the volume's own staging path, laid out as
+/// kubelet lays it, is refused and unmounts nothing: the pod that uses the
+/// volume keeps its data (it came from a hostile request).
+#[tokio::test]
+async fn unpublish_at_a_kubelet_staging_path_is_refused() {
+    let d = Driver::start_default().await;
+    let vol = d.create("staged-in-kubelets-layout", 0).await;
+    let id = vol.volume_id.as_str();
+    let staging = d
+        .kubelet_dir()
+        .join("plugins/kubernetes.io/csi/localvol.csi.dev/0f1e2d3c4b5a/globalmount");
+    fs::create_dir_all(staging.parent().unwrap()).unwrap();
+    let target = d.target_path("pod-of-staged");
+    d.stage(id, &staging).await;
+    d.publish(id, &staging, &target, false).await;
+    fs::write(target.join("data"), b"kept").unwrap();
+
+    let s = must_fail(
+        "NodeUnpublishVolume at the staging path",
+        d.node()
+            .node_unpublish_volume(unpublish_req(id, &staging))
+            .await,
+        Code::InvalidArgument,
+    );
+    assert!(
+        s.message().contains("where kubelet stages volumes"),
+        "{s:?}"
+    );
+    let mounted: Vec<_> = d
+        .mounts_below_dir()
+        .into_iter()
+        .map(|m| m.mount_point)
+        .collect();
+    assert!(
+        mounted.contains(&staging),
+        "staging still mounted: {mounted:?}"
+    );
+    assert_eq!(fs::read(staging.join("data")).unwrap(), b"kept");
+    assert_eq!(fs::read(target.join("data")).unwrap(), b"kept");
+
+    d.unpublish(id, &target).await;
+    d.unstage(id, &staging).await;
+    d.delete(id).await;
+}
