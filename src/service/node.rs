@@ -114,6 +114,27 @@ impl NodeService {
     /// volume attributes; quota-enforced where the pool enforces quotas),
     /// recording the target, and binds it there. A repeat finds the volume
     /// and the bind already there.
+    /// NodeUnpublishVolume of an ephemeral inline volume: unmounted first,
+    /// then removed (its pool refuses while it is still mounted anywhere).
+    async fn unpublish_ephemeral(
+        &self,
+        (id, pool, vol): (crate::ids::VolumeId, Arc<dyn Pool>, Volume),
+        target: RequestPath,
+    ) -> Result<()> {
+        let _guard = self.driver.lock_volume(&id)?;
+        let src = pool.source(&vol)?;
+        blocking(move || -> Result<_> {
+            Ok(nodeops::unpublish(
+                &target.resolve()?,
+                Some((&src, AccessType::Mount)),
+            )?)
+        })
+        .await?;
+        pool.delete(&id).await?;
+        tracing::info!(volume = %id, name = %vol.name, "ephemeral volume removed");
+        Ok(())
+    }
+
     async fn publish_ephemeral(
         &self,
         req: &csi::NodePublishVolumeRequest,
@@ -403,20 +424,8 @@ impl csi::node_server::Node for NodeService {
             {
                 return Ok(csi::NodeUnpublishVolumeResponse {});
             }
-            if let Some((id, pool, vol)) = self.driver.find_ephemeral(&req.volume_id).await? {
-                // Unmount first, then remove the volume (its pool refuses
-                // while it is still mounted anywhere).
-                let _guard = self.driver.lock_volume(&id)?;
-                let src = pool.source(&vol)?;
-                blocking(move || -> Result<_> {
-                    Ok(nodeops::unpublish(
-                        &target.resolve()?,
-                        Some((&src, AccessType::Mount)),
-                    )?)
-                })
-                .await?;
-                pool.delete(&id).await?;
-                tracing::info!(volume = %id, name = %vol.name, "ephemeral volume removed");
+            if let Some(found) = self.driver.find_ephemeral(&req.volume_id).await? {
+                self.unpublish_ephemeral(found, target).await?;
                 return Ok(csi::NodeUnpublishVolumeResponse {});
             }
             let found = match self.driver.find("volume_id", &req.volume_id).await {
@@ -440,14 +449,14 @@ impl csi::node_server::Node for NodeService {
                     Ok(nodeops::remove_unmounted_target(&target.resolve()?)?)
                 })
                 .await?;
-                if !removed {
-                    return Err(Refusal::Missing {
+                return match removed {
+                    true => Ok(csi::NodeUnpublishVolumeResponse {}),
+                    false => Err(Refusal::Missing {
                         kind: "volume",
                         id: truncate(&req.volume_id).to_owned(),
                     }
-                    .into());
-                }
-                return Ok(csi::NodeUnpublishVolumeResponse {});
+                    .into()),
+                };
             };
             let _guard = self.driver.lock_volume(&id)?;
             let (src, access) = (pool.source(&vol).ok(), vol.access_type);
