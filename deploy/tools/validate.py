@@ -226,7 +226,7 @@ CODE_ROLES = {
     "controller": ["src/controller"],
     "discovery": ["src/discovery", "src/orphans.rs"],
     "expansion": ["src/k8s/room.rs"],
-    "storage": ["src/k8s/lost.rs"],
+    "storage": ["src/k8s/lost.rs", "src/monitor.rs"],
 }
 # k8s-openapi type -> (apiGroup, resource).
 KUBE_TYPES = {
