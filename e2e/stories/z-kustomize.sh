@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
-# Story m — the other way to install: the Helm release is uninstalled and the kustomize base
+# Story z — the other way to install: the Helm release is uninstalled and the kustomize base
 # (deploy/kubernetes/base) applied instead, with only the image pointed at this build, as its
 # kustomization.yaml tells a user to. A claim of its class `localvol-dir` binds and serves a
-# pod; `kubectl delete -k` removes the install. Runs last: it leaves no driver behind.
+# pod; `kubectl delete -k` removes the install. Runs last (hence z: e2e/run runs the stories
+# in name order): it leaves no driver behind for a story after it.
 . "$(dirname "$0")/../lib.sh"
 : "${E2E_DRIVER_IMAGE:?e2e/run sets the driver image reference}"
 start_story
