@@ -66,6 +66,7 @@ pub struct NodeLoss {
     grace: Duration,
     recorder: Recorder,
     missing: Mutex<nodeloss::MissingNodes>,
+    held: Mutex<nodeloss::HeldPvs>,
 }
 
 impl NodeLoss {
@@ -87,6 +88,7 @@ impl NodeLoss {
             namespace: namespace.to_owned(),
             grace,
             missing: Mutex::default(),
+            held: Mutex::default(),
         }
     }
 
@@ -120,9 +122,19 @@ impl NodeLoss {
         let doomed = nodeloss::lost_pvs(&all_pvs, &self.driver, &lost);
         let recorded = self.record_lost(&doomed, &mut report).await;
         for pv in doomed {
-            if crate::k8s::pinned_node(pv, &self.driver).is_some_and(|n| recorded.contains(n)) {
-                self.delete_lost_pv(pv, &mut report).await?;
+            if !crate::k8s::pinned_node(pv, &self.driver).is_some_and(|n| recorded.contains(n)) {
+                continue;
             }
+            match self.held.lock().await.check(pv, now) {
+                nodeloss::HeldCheck::Wait => continue,
+                nodeloss::HeldCheck::FirstSeen => tracing::info!(
+                    pv = pv.metadata.name.as_deref().unwrap_or_default(),
+                    "node lost: PV Terminating, held by kubernetes.io/pv-protection while its claim \
+                     is bound; left alone (looked at again with back-off) until the claim goes"
+                ),
+                nodeloss::HeldCheck::Act => {}
+            }
+            self.delete_lost_pv(pv, &mut report).await?;
         }
         if !lost.is_empty() {
             self.delete_capacities(&lost, &mut report).await?;

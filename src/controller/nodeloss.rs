@@ -28,6 +28,57 @@ pub const ANN_DELETE_ON_NODE_LOSS: &str = "localvol.csi.dev/delete-on-node-loss"
 /// else would, and the deleted PV would stay Terminating forever.
 pub const PROVISIONER_FINALIZER: &str = "external-provisioner.volume.kubernetes.io/finalizer";
 
+/// The API server's finalizer on a PV whose claim is still bound.
+pub const PV_PROTECTION: &str = "kubernetes.io/pv-protection";
+
+/// How long a Terminating PV that only `kubernetes.io/pv-protection` holds
+/// is left alone after a look, first and at most (doubling in between):
+/// nothing changes for it until its claim goes.
+pub const HELD_FIRST: Duration = Duration::from_secs(60);
+pub const HELD_MAX: Duration = Duration::from_secs(16 * 60);
+
+/// The lost nodes' Terminating PVs that only pv-protection holds, and when
+/// each is looked at again.
+#[derive(Debug, Default)]
+pub struct HeldPvs(BTreeMap<String, (Instant, Duration)>);
+
+/// What to do with a PV of a lost node this pass.
+#[derive(Debug, PartialEq, Eq)]
+pub enum HeldCheck {
+    /// Not held by pv-protection alone: act on it.
+    Act,
+    /// Held, seen for the first time: act once, and say so.
+    FirstSeen,
+    /// Held, and its back-off has not run out: leave it.
+    Wait,
+}
+
+impl HeldPvs {
+    pub fn check(&mut self, pv: &PersistentVolume, now: Instant) -> HeldCheck {
+        let name = pv.metadata.name.clone().unwrap_or_default();
+        let fins = pv.metadata.finalizers.as_deref().unwrap_or_default();
+        let held = pv.metadata.deletion_timestamp.is_some()
+            && fins.iter().any(|f| f == PV_PROTECTION)
+            && !fins.iter().any(|f| f == PROVISIONER_FINALIZER);
+        if !held {
+            self.0.remove(&name);
+            return HeldCheck::Act;
+        }
+        match self.0.get_mut(&name) {
+            None => {
+                self.0.insert(name, (now + HELD_FIRST, HELD_FIRST));
+                HeldCheck::FirstSeen
+            }
+            Some((next, _)) if now < *next => HeldCheck::Wait,
+            Some((next, wait)) => {
+                *wait = (*wait * 2).min(HELD_MAX);
+                *next = now + *wait;
+                HeldCheck::Act
+            }
+        }
+    }
+}
+
 /// The JSON patch that takes [`PROVISIONER_FINALIZER`] off `pv` as read:
 /// `test` that the object is still this one (its uid) and the finalizer still
 /// at the index it was read at, then `remove` that index. If the object or

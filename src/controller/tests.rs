@@ -367,7 +367,7 @@ async fn scenario_a_pv_held_by_pv_protection_is_deleted_once() {
 
     // The next passes see it Terminating: no second DELETE, no second Event.
     let held = s.api.lock().unwrap().pv("pv-b").unwrap().clone();
-    let before = s.log().len();
+    s.log(); // what the first pass did (the fake's log drains when read)
     let nl = NodeLoss::new(s.client.clone(), DRIVER, "ctrl-0", NS, Duration::ZERO);
     for _ in 0..2 {
         let r = tokio::time::timeout(
@@ -384,14 +384,49 @@ async fn scenario_a_pv_held_by_pv_protection_is_deleted_once() {
         assert_eq!(r.deleted_pvs, Vec::<String>::new());
         assert_eq!(r.released_finalizers, Vec::<String>::new());
     }
-    let later = &s.log()[before..];
+    let later = &s.log();
     assert!(
         !later
             .iter()
             .any(|l| l.starts_with("DELETE") || l == "EVENT NodeLost"),
         "{later:?}"
     );
+    // Only the first of those passes asked the API anything about it; the
+    // second was within its back-off.
+    let claim_gets = |log: &[String]| log.iter().filter(|l| l.contains("claim-b")).count();
+    assert_eq!(claim_gets(later), 1, "{later:?}");
     assert!(finalizers_of(&s, "pv-b").1, "still held by pv-protection");
+}
+
+#[tokio::test]
+async fn a_pv_held_by_pv_protection_is_looked_at_with_back_off() {
+    use super::nodeloss::{HeldCheck, HeldPvs, HELD_FIRST, HELD_MAX};
+    let mut pv = pv_with_finalizer("pv-h", DRIVER, "gone", "claim-h");
+    pv["metadata"]["finalizers"] = json!([PV_PROTECTION]);
+    pv["metadata"]["deletionTimestamp"] = json!("2026-11-26T00:00:00Z");
+    let held: PersistentVolume = serde_json::from_value(pv.clone()).unwrap();
+    let mut h = HeldPvs::default();
+    let t0 = Instant::now();
+    assert_eq!(h.check(&held, t0), HeldCheck::FirstSeen);
+    assert_eq!(h.check(&held, t0 + HELD_FIRST / 2), HeldCheck::Wait);
+    assert_eq!(h.check(&held, t0 + HELD_FIRST), HeldCheck::Act);
+    // The wait doubles, up to its cap.
+    assert_eq!(h.check(&held, t0 + HELD_FIRST * 2), HeldCheck::Wait);
+    assert_eq!(h.check(&held, t0 + HELD_FIRST * 3), HeldCheck::Act);
+    let mut t = t0 + HELD_FIRST * 3;
+    for _ in 0..10 {
+        t += HELD_MAX;
+        assert_eq!(h.check(&held, t), HeldCheck::Act);
+    }
+    // Still carrying the provisioner's finalizer, or not deleted yet: acted on.
+    pv["metadata"]["finalizers"] = json!([PROVISIONER_FINALIZER, PV_PROTECTION]);
+    let ours: PersistentVolume = serde_json::from_value(pv).unwrap();
+    assert_eq!(h.check(&ours, t), HeldCheck::Act);
+    assert_eq!(
+        h.check(&held, t),
+        HeldCheck::FirstSeen,
+        "forgotten once it was not held"
+    );
 }
 
 #[tokio::test]
