@@ -20,6 +20,7 @@ use localvol::csi;
 use sanity_tests::LvmFx as Fx;
 use sanity_tests::LvmKind as Kind;
 use sanity_tests::*;
+use tonic::Code;
 
 fn block_req(name: &str, bytes: i64) -> csi::CreateVolumeRequest {
     csi::CreateVolumeRequest {
@@ -383,19 +384,40 @@ async fn a_thin_pool_that_does_not_zero_is_refused() {
     let opts = LvmPoolOpts::new("thin", &vg.vg)
         .thin_pool("tp")
         .reserve("64Mi");
-    let mut d = Driver::new(DriverOpts::with_lvm_pools(vec![opts]));
-    let err = d
-        .try_start_again()
-        .await
-        .expect_err("the driver served from a thin pool that does not zero");
-    assert!(
-        err.contains("does not zero newly provisioned blocks") && err.contains("--zero y"),
-        "{err}"
+    // The driver serves; the pool does not open, and says why.
+    let d = Driver::start(DriverOpts::with_lvm_pools(vec![opts])).await;
+    let new_vol = || {
+        let mut req = create_req("after-zero-on");
+        req.capacity_range = Some(range(16 * MI, 0));
+        let mut c = d.controller();
+        async move { c.create_volume(req).await }
+    };
+    let s = must_fail(
+        "a volume in a thin pool that does not zero",
+        new_vol().await,
+        Code::ResourceExhausted,
     );
+    assert!(
+        s.message()
+            .contains("does not zero newly provisioned blocks")
+            && s.message().contains("--zero y"),
+        "{s:?}"
+    );
+    assert_eq!(d.capacity(None).await.available_capacity, 0);
+    // Zeroing on: the pool opens without a restart.
     run_cmd(
         "lvm",
         &["lvchange", "-qq", "--zero", "y", &format!("{}/tp", vg.vg)],
     );
-    d.start_again_retrying().await;
-    d.create("after-zero-on", 16 * MI).await;
+    let start = Instant::now();
+    loop {
+        match new_vol().await {
+            Ok(_) => break,
+            Err(s) if start.elapsed() < Duration::from_secs(60) => {
+                assert_eq!(s.code(), Code::ResourceExhausted, "{s:?}");
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+            Err(s) => panic!("the pool did not open within 60 s of zeroing on: {s:?}"),
+        }
+    }
 }
