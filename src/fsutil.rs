@@ -548,6 +548,8 @@ pub fn fs_stats(path: &Path) -> Result<FsStats, IoError> {
 
 #[cfg(test)]
 mod tests {
+    use super::*;
+    use std::os::unix::fs::symlink;
 
     #[test]
     fn kubelet_staging_paths_are_told_from_targets() {
@@ -572,8 +574,6 @@ mod tests {
             assert!(!p(target).is_kubelet_staging(), "{target}");
         }
     }
-    use super::*;
-    use std::os::unix::fs::symlink;
 
     #[test]
     fn create_once_writes_once_and_never_replaces() {

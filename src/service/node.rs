@@ -109,11 +109,6 @@ impl NodeService {
 }
 
 impl NodeService {
-    /// NodePublishVolume of a CSI ephemeral inline volume: creates a dir
-    /// volume named by kubelet's volume handle (pool and size from the
-    /// volume attributes; quota-enforced where the pool enforces quotas),
-    /// recording the target, and binds it there. A repeat finds the volume
-    /// and the bind already there.
     /// NodeUnpublishVolume of an ephemeral inline volume: unmounted first,
     /// then removed (its pool refuses while it is still mounted anywhere).
     async fn unpublish_ephemeral(
@@ -135,6 +130,11 @@ impl NodeService {
         Ok(())
     }
 
+    /// NodePublishVolume of a CSI ephemeral inline volume: creates a dir
+    /// volume named by kubelet's volume handle (pool and size from the
+    /// volume attributes; quota-enforced where the pool enforces quotas),
+    /// recording the target, and binds it there. A repeat finds the volume
+    /// and the bind already there.
     async fn publish_ephemeral(
         &self,
         req: &csi::NodePublishVolumeRequest,
