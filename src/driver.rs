@@ -176,12 +176,18 @@ impl Driver {
 
     /// Refuses an operation on a volume of a pool that cannot serve now.
     pub fn require_usable(&self, pool: &PoolName) -> Result<()> {
+        self.refuse_unusable(pool, false)
+    }
+
+    /// [`DriverError::PoolUnusable`] while the pool cannot serve; `new`:
+    /// the refused operation makes a new volume.
+    fn refuse_unusable(&self, pool: &PoolName, new: bool) -> Result<()> {
         match self.pools.unusable(pool) {
             None => Ok(()),
             Some(why) => Err(DriverError::PoolUnusable {
                 pool: pool.clone(),
                 why,
-                new: false,
+                new,
             }),
         }
     }
@@ -351,17 +357,12 @@ impl Driver {
                     None => Ok(false),
                 },
             };
-            let found = match found {
-                Err(PoolError::NotStarted { pool, why }) => {
-                    tracing::warn!(%pool, %why, name = name.as_str(), "name not checked in a pool that did not start");
-                    false
-                }
-                Err(e) if self.pools.unusable(other.name()).is_some() => {
-                    tracing::warn!(pool = %other.name(), error = %e, name = name.as_str(), "name not checked in an unusable pool");
-                    false
-                }
-                res => res?,
-            };
+            // A pool that did not open, or cannot serve now, cannot be
+            // asked; the others go on serving (CO names are unique anyway).
+            let found = self
+                .pools
+                .unless_unusable(other.name(), "name check", found)?
+                .unwrap_or(false);
             if found {
                 return Err(DriverError::NameTaken {
                     kind,
@@ -401,13 +402,7 @@ impl Driver {
             });
         }
         let pool = self.pools.require(&pool_name)?.clone();
-        if let Some(why) = self.pools.unusable(&pool_name) {
-            return Err(DriverError::PoolUnusable {
-                pool: pool_name,
-                why,
-                new: true,
-            });
-        }
+        self.refuse_unusable(&pool_name, true)?;
         Ok(pool)
     }
 

@@ -186,14 +186,13 @@ impl Orphans {
         for pool in self.driver.pools.iter() {
             // A pool that cannot serve is passed over: its volumes are
             // neither reported nor reclaimed until it is back.
-            let listed = match pool.list().await {
-                Err(e) if self.driver.pools.unusable(pool.name()).is_some() => {
-                    tracing::debug!(pool = %pool.name(), error = %e, "orphans: unusable pool not checked");
-                    continue;
-                }
-                r => r?,
-            };
-            for v in listed {
+            let listed = pool.list().await;
+            let pools = &self.driver.pools;
+            for v in pools
+                .unless_unusable(pool.name(), "orphans", listed)?
+                .into_iter()
+                .flatten()
+            {
                 if v.ephemeral_target().is_none() {
                     storage.insert(v.id.clone(), pool.storage_id().cloned());
                     volumes.insert(v.id);

@@ -164,11 +164,23 @@ impl Pools {
         slot.why.lock().unwrap().clone()
     }
 
-    /// Whether the pool has opened.
-    pub fn is_open(&self, name: &PoolName) -> bool {
-        self.slots
-            .get(name)
-            .is_some_and(|s| s.opened.get().is_some())
+    /// What a lookup (`what`) of a pool's volumes or snapshots gave, with a
+    /// failure of a pool that cannot serve now passed over (None, logged):
+    /// its volumes are left out, not reported gone, and the callers' other
+    /// pools serve on. Any other error stays an error.
+    pub fn unless_unusable<T>(
+        &self,
+        pool: &PoolName,
+        what: &str,
+        res: Result<T>,
+    ) -> Result<Option<T>> {
+        match res {
+            Err(e) if self.unusable(pool).is_some() => {
+                tracing::warn!(%pool, error = %e, what, "an unusable pool is left out");
+                Ok(None)
+            }
+            r => r.map(Some),
+        }
     }
 
     pub fn get(&self, name: &PoolName) -> Option<&Arc<dyn Pool>> {

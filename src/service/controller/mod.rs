@@ -338,15 +338,13 @@ impl csi::controller_server::Controller for ControllerService {
             crate::lvm::one_lvs_per_vg(async {
                 for pool in self.driver.pools.iter() {
                     let page = pool.list_page(token, max.saturating_add(1)).await;
-                    match page {
-                        // Volumes that cannot be looked at now are left out
-                        // (not reported gone) until their pool is back.
-                        Err(e) if self.driver.pools.unusable(pool.name()).is_some() => {
-                            tracing::warn!(pool = %pool.name(), error = %e,
-                                "ListVolumes: an unusable pool's volumes are left out");
-                        }
-                        page => all.extend(page?),
-                    }
+                    let pools = &self.driver.pools;
+                    all.extend(
+                        pools
+                            .unless_unusable(pool.name(), "ListVolumes", page)?
+                            .into_iter()
+                            .flatten(),
+                    );
                 }
                 Ok::<_, Status>(())
             })
@@ -547,13 +545,14 @@ impl csi::controller_server::Controller for ControllerService {
                     let Some(snapshots) = pool.snapshots() else {
                         continue;
                     };
-                    match snapshots.list_snapshots().await {
-                        Err(e) if self.driver.pools.unusable(pool.name()).is_some() => {
-                            tracing::warn!(pool = %pool.name(), error = %e,
-                                "ListSnapshots: an unusable pool's snapshots are left out");
-                        }
-                        listed => all.extend(listed?),
-                    }
+                    let listed = snapshots.list_snapshots().await;
+                    let pools = &self.driver.pools;
+                    all.extend(
+                        pools
+                            .unless_unusable(pool.name(), "ListSnapshots", listed)?
+                            .into_iter()
+                            .flatten(),
+                    );
                 }
             }
             if !req.source_volume_id.is_empty() {
