@@ -132,7 +132,11 @@ pod_claim_events() {
 }
 
 # A long-running pod (sleeps) for stories that look inside while it runs (kubectl exec).
-sleeper_pod() { # NAME CLAIM [Block]
+sleeper_pod() { # NAME CLAIM [Block]: apply_sleeper, then wait for it to run
+    apply_sleeper "$@"
+    wait_running "$1"
+}
+apply_sleeper() { # NAME CLAIM [Block]: a pod that sleeps with the claim mounted (or its device), not waited for
     local vol="volumeMounts: [{name: d, mountPath: /data}]"
     [ "${3:-}" = Block ] && vol="volumeDevices: [{name: d, devicePath: /dev/xvda}]"
     kn apply -f - >/dev/null <<EOF
@@ -148,7 +152,6 @@ spec:
       $vol
   volumes: [{name: d, persistentVolumeClaim: {claimName: $2}}]
 EOF
-    wait_running "$1"
 }
 wait_running() {
     wait_for "pod $1 Running" "$E2E_TIMEOUT" pod_running "$1" ||

@@ -12,15 +12,7 @@ creates() { # CreateVolume calls the node plugin has served (its /metrics, throu
 }
 before=$(creates)
 pvc huge localvol-thick 1Ti
-kn apply -f - >/dev/null <<YAML
-apiVersion: v1
-kind: Pod
-metadata: {name: wants-huge}
-spec:
-  containers:
-    - {name: c, image: $E2E_IMAGE, command: [sleep, "100000"], volumeMounts: [{name: d, mountPath: /data}]}
-  volumes: [{name: d, persistentVolumeClaim: {claimName: huge}}]
-YAML
+apply_sleeper wants-huge huge
 told() { events_of Pod wants-huge | grep -qi "enough free storage\|storage capacity"; }
 wait_for "scheduler event about capacity" 120 told ||
     fail "the pod of a 1Ti claim shows no capacity reason; its events:

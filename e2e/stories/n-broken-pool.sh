@@ -75,16 +75,7 @@ wait_for "quota capacity 0" "$E2E_TIMEOUT" cap_zero ||
 # 3. A claim of the broken class waits, saying why (the scheduler: capacity 0; or, had it
 # raced the capacity update, the provisioner: the pool is unusable).
 pvc waits localvol-quota 16Mi
-kn apply -f - >/dev/null <<YAML
-apiVersion: v1
-kind: Pod
-metadata: {name: p-waits}
-spec:
-  terminationGracePeriodSeconds: 1
-  containers:
-    - {name: c, image: $E2E_IMAGE, command: [sleep, "100000"], volumeMounts: [{name: d, mountPath: /data}]}
-  volumes: [{name: d, persistentVolumeClaim: {claimName: waits}}]
-YAML
+apply_sleeper p-waits waits
 told() { events_of Pod p-waits | grep -qi "enough free storage\|storage capacity" || pod_claim_events p-waits | grep -qi "unusable"; }
 wait_for "a reason for p-waits" 120 told ||
     fail "the pod of a localvol-quota claim, with its pool unusable, says neither capacity nor unusable; its events:
