@@ -75,7 +75,9 @@ soak:
 		$(CARGO) test -p sanity-tests --test host -- --nocapture fault_injection::
 
 # The CSI community's own conformance suite (kubernetes-csi/csi-test's
-# csi-sanity) against a dir pool on this host, default test sizes; the VM step
+# csi-sanity) against a dir pool on this host, default test sizes (10 GiB, grown
+# to 20 GiB: the pool is a 64 GiB tmpfs, so the host's free disk space does not
+# decide the result; a dir pool refuses what its filesystem has no room for); the VM step
 # runs it on the quota, thick and thin pools. Each run must end SUCCESS! with
 # 0 failed and no mount left (sanity-tests/upstream/csi-sanity-run). Found as
 # $CSI_SANITY, ../shared/tools/csi-sanity, or on PATH; missing, it is a failure
@@ -86,6 +88,12 @@ upstream-sanity:
 	mkdir -p $(CURDIR)/target; \
 	dir=$$(mktemp -d $(CURDIR)/target/upstream.XXXXXX); \
 	trap 'rm -rf "$$dir"' EXIT; \
+	mkdir -p "$$dir/pool"; \
+	if mount -t tmpfs -o size=64g,mode=0755 localvol-sanity "$$dir/pool" 2>/dev/null; then \
+		trap 'umount "$$dir/pool"; rm -rf "$$dir"' EXIT; \
+	else \
+		echo "upstream-sanity: no tmpfs mount (not root?): the pool shares this disk, whose free space must hold csi-sanity's 10 GiB volume and its 20 GiB expansion"; \
+	fi; \
 	printf 'pools:\n  - name: default\n    type: dir\n    path: %s\n' "$$dir/pool" >"$$dir/pools.yaml"; \
 	sanity-tests/upstream/csi-sanity-run --name host-dir --config "$$dir/pools.yaml"
 
