@@ -6,7 +6,7 @@
 //! down and answer) and is also used by metrics, static discovery and orphan
 //! reports; it knows nothing of gRPC.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use crate::config::Config;
@@ -133,6 +133,8 @@ pub struct Driver {
     pub max_volumes_per_node: i64,
     /// Statically discovered volumes (config `discovery:`), found by handle.
     pub statics: Option<Arc<StaticPool>>,
+    /// The node's cgroup v2 root (config `cgroupRoot`), for IO limits.
+    pub cgroup_root: PathBuf,
 }
 
 impl Driver {
@@ -162,7 +164,14 @@ impl Driver {
             kubelet_dir: who.kubelet_dir.clone(),
             max_volumes_per_node: config.max_volumes_per_node,
             statics,
+            cgroup_root: config.cgroup_root.clone(),
         }))
+    }
+
+    /// Where IO limits are written: the cgroup v2 root, and the kubelet
+    /// directory whose targets name the pods.
+    pub fn cgroup_paths(&self) -> (&Path, &Path) {
+        (&self.cgroup_root, &self.kubelet_dir)
     }
 
     /// The pools that cannot serve now, and why (the pool monitor's last

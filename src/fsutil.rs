@@ -482,6 +482,12 @@ impl RequestPath {
             || (c.len() == 6 && c[3] == "volumeDevices" && c[4] == "staging"))
     }
 
+    /// The pod a target in kubelet's layout belongs to (None for any other
+    /// path): see [`crate::iolimit::pod_of_target`].
+    pub fn pod(&self) -> Option<crate::iolimit::PodUid> {
+        crate::iolimit::pod_of_target(&self.rest)
+    }
+
     /// The filesystem part (blocking): refuses a symlink anywhere below the
     /// root and returns the path under the root's resolved location.
     pub fn resolve(&self) -> Result<PathBuf, PathError> {

@@ -2,6 +2,7 @@
 //!
 //! See ARCHITECTURE.md for the code map and the invariants.
 
+mod attributes;
 mod authority;
 pub mod blockdev;
 pub mod command;
@@ -15,6 +16,7 @@ pub mod endpoint;
 pub mod error;
 mod fsutil;
 pub mod ids;
+pub mod iolimit;
 mod k8s;
 mod locks;
 pub mod lvm;

@@ -318,6 +318,7 @@ mod tests {
             inode_limit: None,
             parameters: Default::default(),
             encryption: None,
+            io_limits: Default::default(),
         };
         d.pools.get(&pool).unwrap().create(&req).await.unwrap().id
     }

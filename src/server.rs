@@ -198,6 +198,7 @@ pub async fn serve(opts: ServeOptions, shutdown: impl Future<Output = ()> + Send
         driver.clone(),
         opts.kube_api.clone(),
     )));
+    let _attributes = run_attributes(&driver, &opts);
     let _monitor = AbortOnDrop(tokio::spawn(run_monitor(
         driver.clone(),
         opts.kube_api.clone(),
@@ -340,6 +341,35 @@ async fn run_monitor(driver: Arc<Driver>, kube_api: Option<String>, every: std::
 
 /// How often [`publish_storage`] retries.
 const STORAGE_RETRY: std::time::Duration = std::time::Duration::from_secs(20);
+
+/// Applies the VolumeAttributesClasses this node's PVs are moved to
+/// (`attributes.rs`: IO limits of LVM volumes; dir pools take none), once
+/// there is a cluster; not started without an LVM pool.
+fn run_attributes(driver: &Arc<Driver>, opts: &ServeOptions) -> Option<AbortOnDrop> {
+    let lvm = opts
+        .config
+        .pools
+        .iter()
+        .any(|p| matches!(p, crate::config::PoolConfig::Lvm(_)));
+    lvm.then(|| {
+        AbortOnDrop(tokio::spawn(watch_attributes(
+            driver.clone(),
+            opts.kube_api.clone(),
+        )))
+    })
+}
+
+async fn watch_attributes(driver: Arc<Driver>, kube_api: Option<String>) {
+    loop {
+        match cluster_client(kube_api.as_deref()).await {
+            Ok(client) => return crate::attributes::run(driver, client).await,
+            Err(e) => {
+                tracing::debug!(error = %e, "volume attributes: no cluster (retrying)");
+                tokio::time::sleep(DISCOVERY_INTERVAL).await;
+            }
+        }
+    }
+}
 
 /// Reports (or reclaims) volumes no PV refers to, once there is a cluster.
 async fn run_orphans(

@@ -83,7 +83,8 @@ SIDECARS = {
             "http-endpoint", "metrics-path", "handle-volume-inuse-error",
             "feature-gates", "kubeconfig", "version", "v",
         },
-        "feature_gates": {"AnnotateFsResize", "RecoverVolumeExpansionFailure"},
+        "feature_gates": {"AnnotateFsResize", "RecoverVolumeExpansionFailure",
+                          "VolumeAttributesClass"},
         "required": {
             "csi-address": "/csi/csi.sock", "leader-election": None,
             "handle-volume-inuse-error": "false",
@@ -220,12 +221,15 @@ RBAC = sidecar_rbac()
 # src/discovery/ and src/orphans.rs (`localvol serve` with discovery/orphans),
 # of src/k8s/room.rs (`localvol serve`: ControllerExpandVolume, which
 # the resizer calls, reads a remote volume's PV and capacity), and of
+# src/attributes.rs (`localvol serve` with an LVM pool: the PVs of its node
+# and the VolumeAttributesClass each names, for IO limits), of
 # src/k8s/lost.rs (`localvol serve`, always: its storage identities on its
 # CSINode, its node's lost record read by the orphan pass).
 CODE_ROLES = {
     "controller": ["src/controller"],
     "discovery": ["src/discovery", "src/orphans.rs"],
     "expansion": ["src/k8s/room.rs"],
+    "attributes": ["src/attributes.rs"],
     "storage": ["src/k8s/lost.rs", "src/monitor.rs"],
 }
 # k8s-openapi type -> (apiGroup, resource).
@@ -238,6 +242,7 @@ KUBE_TYPES = {
     "Lease": ("coordination.k8s.io", "leases"),
     "ConfigMap": ("", "configmaps"),
     "CSINode": ("storage.k8s.io", "csinodes"),
+    "VolumeAttributesClass": ("storage.k8s.io", "volumeattributesclasses"),
 }
 # Granted by a Role in the release namespace instead of the ClusterRole, by
 # role: the controller's Lease (--lease-namespace=$(POD_NAMESPACE)); the
@@ -367,7 +372,8 @@ SC_PARAMS = re.compile(r"^(pool|inodeLimit|encryption|csi\.storage\.k8s\.io/.+)$
 # The node-stage secret field holding an encrypted volume's key (src/crypt.rs).
 KEY_FIELD = "encryptionKey"
 VSC_PARAMS = re.compile(r"^(snapshotSize|csi\.storage\.k8s\.io/.+)$")
-LVM_HOST_PATHS = ["/dev", "/etc/lvm", "/run/lvm", "/run/lock/lvm", "/run/udev"]
+# /sys/fs/cgroup: the node's cgroup v2 tree, where LVM volumes' IO limits go.
+LVM_HOST_PATHS = ["/dev", "/etc/lvm", "/run/lvm", "/run/lock/lvm", "/run/udev", "/sys/fs/cgroup"]
 
 
 class Report:
@@ -818,7 +824,7 @@ def check_sidecars(render, ds, localvol, socket_vol, kubelet_dir):
     return seen
 
 
-def check_rbac(render, docs, ds, sidecars, api_user=False, controller=None):
+def check_rbac(render, docs, ds, sidecars, api_user=False, controller=None, lvm=False):
     sa = ds["spec"]["template"]["spec"].get("serviceAccountName")
     ns = ds["metadata"].get("namespace")
     R.check(any(d["metadata"]["name"] == sa and d["metadata"].get("namespace") == ns
@@ -833,7 +839,7 @@ def check_rbac(render, docs, ds, sidecars, api_user=False, controller=None):
                 f"{render}: the controller has its own ServiceAccount {ns}/{csa}")
     roles = {}
     for d in by_kind(docs, "ClusterRole") + by_kind(docs, "Role"):
-        m = re.search(r"-(provisioner|resizer|snapshotter|controller|discovery|expansion|storage)$", d["metadata"]["name"])
+        m = re.search(r"-(provisioner|resizer|snapshotter|controller|discovery|expansion|attributes|storage)$", d["metadata"]["name"])
         if not R.check(m is not None, f"{render}: {d['kind']} {d['metadata']['name']} is a known role"):
             continue
         key = (d["kind"], m.group(1))
@@ -868,6 +874,8 @@ def check_rbac(render, docs, ds, sidecars, api_user=False, controller=None):
     # room check.
     needed |= {("ClusterRole", "expansion"), ("Role", "expansion")} if "csi-resizer" in sidecars else set()
     needed |= {("ClusterRole", "discovery")} if api_user else set()
+    # An LVM pool's node applies the VolumeAttributesClass its PVs move to.
+    needed |= {("ClusterRole", "attributes")} if lvm else set()
     # Every node plugin publishes its storage identity and reads its lost record.
     needed |= {("ClusterRole", "storage"), ("Role", "storage")}
     needed |= {("ClusterRole", "controller"), ("Role", "controller")} if controller is not None else set()
@@ -1056,7 +1064,8 @@ def check_render(render, path, help_info, shipped, chelp, binary):
     api_user = isinstance(cfg, dict) and (cfg.get("discovery") is not None or cfg.get("orphans") is not None)
     controller = check_controller(render, docs, chelp)
     R.check(controller is not None or not shipped, f"{render}: the controller Deployment is deployed")
-    check_rbac(render, docs, ds, sidecars, api_user, controller)
+    lvm = any(p.get("type") == "lvm" for p in (pools or {}).values())
+    check_rbac(render, docs, ds, sidecars, api_user, controller, lvm)
     check_cluster_defaults(render, docs, ds, controller, shipped)
     check_classes(render, docs, pools, sidecars, shipped, static)
     return docs

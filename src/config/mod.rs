@@ -89,6 +89,14 @@ pub struct Config {
     /// Report (or reclaim) volumes no PV refers to; off when absent.
     #[serde(default)]
     pub orphans: Option<OrphansConfig>,
+    /// The node's cgroup v2 root, where kubelet's pod cgroups are: volumes'
+    /// IO limits are written to their `io.max`.
+    #[serde(default = "default_cgroup_root")]
+    pub cgroup_root: PathBuf,
+}
+
+fn default_cgroup_root() -> PathBuf {
+    PathBuf::from("/sys/fs/cgroup")
 }
 
 #[derive(Clone, Debug, Deserialize)]
@@ -459,6 +467,7 @@ impl Config {
             })],
             discovery: None,
             orphans: None,
+            cgroup_root: default_cgroup_root(),
         }
     }
 

@@ -60,6 +60,7 @@ async fn create(d: &Driver, name: &str) -> String {
         inode_limit: None,
         parameters: Default::default(),
         encryption: None,
+        io_limits: Default::default(),
     };
     d.pools.get(&pool()).unwrap().create(&req).await.unwrap().id
 }

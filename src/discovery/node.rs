@@ -113,6 +113,7 @@ impl StaticPool {
             grow_filesystem: false,
             unformatted: false,
             inactive: false,
+            io_limits: Default::default(),
             encryption: None,
         }
     }

@@ -212,6 +212,23 @@ pub(crate) async fn activate(lv_path: &str) -> Result<(), LvmError> {
     .await
 }
 
+/// Replaces tags of `VG/LV` in one run: removes `old`, adds `new`.
+pub(crate) async fn replace_tags(
+    lv_path: &str,
+    old: &[String],
+    new: Option<String>,
+) -> Result<(), LvmError> {
+    let mut args = vec!["lvchange".to_owned()];
+    for t in old {
+        args.extend(["--deltag".to_owned(), t.clone()]);
+    }
+    if let Some(t) = new {
+        args.extend(["--addtag".to_owned(), t]);
+    }
+    args.push(lv_path.to_owned());
+    change(args).await
+}
+
 /// Removes a tag from `VG/LV`.
 pub(crate) async fn delete_tag(lv_path: &str, tag: &str) -> Result<(), LvmError> {
     change(vec![

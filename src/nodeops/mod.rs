@@ -130,3 +130,36 @@ fn probe_dir(src: &Path) -> Result<Option<Probe>> {
         Seen::Unknown => Ok(None),
     }
 }
+
+/// Puts a volume's IO limits in place on this node (see `iolimit.rs`): in
+/// the cgroup of pod `only` (NodePublishVolume), or of every pod that has
+/// the volume published (a modify). A volume without a device of its own
+/// has none to limit. On a cgroup v1 node the limits cannot be enforced:
+/// a warning, not an error (the pod runs, without them).
+pub async fn enforce_io_limits(
+    (cgroup_root, kubelet_dir): (&Path, &Path),
+    src: crate::pool::Source,
+    limits: &crate::iolimit::IoLimits,
+    only: Option<crate::iolimit::PodUid>,
+) -> Result<usize, crate::iolimit::CgroupError> {
+    use crate::iolimit::{self, CgroupError};
+    let crate::pool::Source::Device(dev) = src else {
+        return Ok(0);
+    };
+    let (root, kubelet, limits) = (cgroup_root.to_owned(), kubelet_dir.to_owned(), *limits);
+    let r = crate::error::blocking(move || {
+        iolimit::enforce(&root, &kubelet, &dev, &limits, only.as_ref())
+    })
+    .await;
+    match r {
+        Ok(pods) => Ok(pods.len()),
+        Err(CgroupError::NotV2 { root }) => {
+            if !limits.is_unlimited() {
+                tracing::warn!(cgroup_root = %root.display(), %limits,
+                    "IO limits not enforced: the node is not on cgroup v2 (io.max)");
+            }
+            Ok(0)
+        }
+        Err(e) => Err(e),
+    }
+}

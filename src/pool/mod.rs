@@ -11,6 +11,7 @@ use serde::{Deserialize, Serialize};
 use crate::blockdev::FsType;
 pub use crate::crypt::Encryption;
 use crate::ids::{PoolName, StorageId, VolumeId, VolumeName};
+pub use crate::iolimit::IoLimits;
 
 pub mod dir;
 pub mod disks;
@@ -85,6 +86,8 @@ pub struct CreateRequest {
     pub parameters: BTreeMap<String, String>,
     /// Encrypt the volume at rest (StorageClass `encryption`; LVM pools).
     pub encryption: Option<Encryption>,
+    /// IO limits from the mutable parameters (pools that [`Pool::limits_io`]).
+    pub io_limits: IoLimits,
 }
 
 /// A volume as the services see it, whatever its pool. Dir pools store it
@@ -128,6 +131,10 @@ pub struct Volume {
     /// Encrypted at rest: the node opens it with the stage secret's key.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub encryption: Option<Encryption>,
+    /// IO limits the node puts on every pod that has it published
+    /// (cgroup v2 `io.max`; LVM pools record them in a tag).
+    #[serde(default, skip_serializing_if = "IoLimits::is_unlimited")]
+    pub io_limits: IoLimits,
 }
 
 /// The volume-context key kubelet sets to "true" on NodePublishVolume of a
@@ -432,6 +439,23 @@ pub trait Pool: NodeSide {
     /// Whether volumes can be encrypted at rest (StorageClass `encryption`).
     fn encrypts(&self) -> bool {
         false
+    }
+    /// Whether volumes can carry IO limits: each has a device of its own
+    /// that the pod's I/O reaches (LVM pools). A dir volume's I/O reaches
+    /// the filesystem's device, shared with every volume of the pool and
+    /// with whatever else the pod does there: a limit would be the pod's
+    /// and the disk's, not the volume's, so dir pools refuse them.
+    fn limits_io(&self) -> bool {
+        false
+    }
+    /// Records new IO limits of a volume (a pool that [`Pool::limits_io`];
+    /// the node puts them in place).
+    async fn set_io_limits(&self, _id: &VolumeId, _limits: IoLimits) -> Result<()> {
+        Err(PoolError::UnsupportedParameter(format!(
+            "pool {} ({}) does not take IO limits",
+            self.name(),
+            self.backend()
+        )))
     }
     /// Whether the pool can serve now, from what is on the node (Probe,
     /// `/readyz` and the `pool_ready` gauge ask it; cheap enough for each).

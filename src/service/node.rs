@@ -111,6 +111,36 @@ impl NodeService {
 impl NodeService {
     /// NodeUnpublishVolume of an ephemeral inline volume: unmounted first,
     /// then removed (its pool refuses while it is still mounted anywhere).
+    /// A volume's IO limits for the pod it was just published to (kubelet
+    /// made the pod's cgroup before it mounts volumes). A volume without
+    /// limits has `max` written, lifting what an earlier publish in the
+    /// same pod set, best effort. A target outside kubelet's layout names
+    /// no pod: nothing to limit.
+    async fn limit_pod(
+        &self,
+        src: Source,
+        vol: &Volume,
+        pod: Option<crate::iolimit::PodUid>,
+    ) -> Result<()> {
+        let Some(pod) = pod else {
+            if !vol.io_limits.is_unlimited() {
+                tracing::warn!(volume = %vol.id, limits = %vol.io_limits,
+                    "target is not a pod's (kubelet's layout): no cgroup to put the IO limits on");
+            }
+            return Ok(());
+        };
+        let r =
+            nodeops::enforce_io_limits(self.driver.cgroup_paths(), src, &vol.io_limits, Some(pod))
+                .await;
+        match r {
+            Err(e) if vol.io_limits.is_unlimited() => {
+                tracing::debug!(volume = %vol.id, error = %e, "no IO limits to lift");
+                Ok(())
+            }
+            r => r.map(drop).map_err(Into::into),
+        }
+    }
+
     async fn unpublish_ephemeral(
         &self,
         (id, pool, vol): (crate::ids::VolumeId, Arc<dyn Pool>, Volume),
@@ -197,6 +227,7 @@ impl NodeService {
                 inode_limit: attrs.params.inode_limit,
                 parameters,
                 encryption: None,
+                io_limits: Default::default(),
             })
             .await?;
         let Source::Directory(dir) = pool.source(&vol)? else {
@@ -394,7 +425,12 @@ impl csi::node_server::Node for NodeService {
                 mode: cap.mode,
                 mount: opts,
             };
+            let pod = publish.target.pod();
+            let src = pool.source(&vol)?;
             pipeline::publish(pool.as_ref(), &vol, publish).await?;
+            if pool.limits_io() {
+                self.limit_pod(src, &vol, pod).await?;
+            }
             Ok(csi::NodePublishVolumeResponse {})
         })
         .await

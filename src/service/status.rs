@@ -15,6 +15,7 @@ use crate::driver::DriverError;
 use crate::error::IoError;
 use crate::fsutil::{FsError, PathError};
 use crate::ids::InvalidName;
+use crate::iolimit::CgroupError;
 use crate::k8s::room::RoomError;
 use crate::locks::Busy;
 use crate::lvm::LvmError;
@@ -240,6 +241,18 @@ pub fn crypt_code(e: &CryptError) -> Code {
     }
 }
 
+/// A pod whose cgroup cannot take the limits is a state of the node
+/// (retried by kubelet and the resizer once it is fixed).
+pub fn cgroup_code(e: &CgroupError) -> Code {
+    match e {
+        CgroupError::NotV2 { .. }
+        | CgroupError::NoPodCgroup { .. }
+        | CgroupError::NoIoController { .. } => Code::FailedPrecondition,
+        CgroupError::Io(e) => io_code(e),
+        CgroupError::Mount(e) => mount_code(e),
+    }
+}
+
 /// What a service refuses by itself, once a request is decoded: each
 /// refusal's code is chosen here like every layer's error's.
 #[derive(Debug, thiserror::Error)]
@@ -326,6 +339,7 @@ to_status! {
     DriverError => driver_code;
     RoomError => room_code;
     CryptError => crypt_code;
+    CgroupError => cgroup_code;
     KeyError => |_: &KeyError| Code::InvalidArgument;
     UnknownFs => |_: &UnknownFs| Code::InvalidArgument;
     InvalidName => |_: &InvalidName| Code::InvalidArgument;

@@ -12,6 +12,7 @@
 //! workers) are in the `sanity_tests` library (`src/`).
 
 mod vm_faults;
+mod vm_iolimits;
 mod vm_luks;
 mod vm_lvm;
 mod vm_lvm_index;

@@ -81,6 +81,7 @@ fn volume(access: AccessType) -> Volume {
         unformatted: false,
         inactive: false,
         encryption: None::<Encryption>,
+        io_limits: Default::default(),
     }
 }
 

@@ -87,8 +87,9 @@ impl Index {
             grow_filesystem: e.grow_filesystem,
             unformatted: false,
             inactive: false,
-            // Dir pools refuse encryption at create.
+            // Dir pools refuse encryption and IO limits at create.
             encryption: None,
+            io_limits: Default::default(),
         }
     }
 

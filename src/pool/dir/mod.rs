@@ -226,6 +226,7 @@ impl DirPool {
             unformatted: false,
             inactive: false,
             encryption: None,
+            io_limits: Default::default(),
         }
     }
 

@@ -32,6 +32,7 @@ fn req(name: &str, required: u64) -> CreateRequest {
         inode_limit: None,
         parameters: Default::default(),
         encryption: None,
+        io_limits: Default::default(),
     }
 }
 

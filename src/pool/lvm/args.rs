@@ -23,6 +23,7 @@ impl LvmPool {
     pub(super) fn create_tags(&self, req: &CreateRequest) -> Vec<String> {
         let mut tags = self.tags("volume", req.name.as_str(), req.access_type);
         tags.extend(encryption_tag(req.encryption));
+        tags.extend(io_tag(&req.io_limits));
         tags.push(match req.access_type {
             AccessType::Mount => TAG_UNFORMATTED.to_owned(),
             AccessType::Block => TAG_CREATING.to_owned(),
@@ -54,6 +55,7 @@ impl LvmPool {
         } = *plan;
         let mut tags = self.tags("volume", req.name.as_str(), req.access_type);
         tags.extend(encryption_tag(req.encryption));
+        tags.extend(io_tag(&req.io_limits));
         tags.push(format!("{TAG_SOURCE}={src_id}"));
         if size > src_size {
             tags.push(TAG_GROW.to_owned());

@@ -42,7 +42,7 @@ impl LvmPool {
             self.set_extent(&vg);
             if let Some(lv) = all.iter().find(|l| l.name == name).cloned() {
                 if let Some(vol) = self.existing(req, lv).await? {
-                    return Ok(Sized::Existing(vol));
+                    return Ok(Sized::Existing(Box::new(vol)));
                 }
             }
             let size = size_in_extents(req.range, self.default_size, vg.extent_size.max(512))?;
@@ -128,7 +128,7 @@ impl LvmPool {
 /// What sizing a new volume found.
 pub(super) enum Sized {
     /// The volume exists already (the request's repeat).
-    Existing(Volume),
+    Existing(Box<Volume>),
     New {
         size: u64,
         checked: bool,

@@ -34,8 +34,8 @@ use std::sync::{Arc, Mutex};
 use async_trait::async_trait;
 
 use super::{
-    AccessType, Capacity, CapacityRange, CreateRequest, Expanded, Health, Pool, PoolError, Result,
-    Snapshots, ThinUsage, Volume, Wipes,
+    AccessType, Capacity, CapacityRange, CreateRequest, Expanded, Health, IoLimits, Pool,
+    PoolError, Result, Snapshots, ThinUsage, Volume, Wipes,
 };
 use crate::blockdev::FsType;
 use crate::config::{LvmPoolConfig, DEFAULT_THIN_FULL_PERCENT, DEFAULT_VOLUME_SIZE};
@@ -514,6 +514,33 @@ impl Pool for LvmPool {
         true
     }
 
+    fn limits_io(&self) -> bool {
+        true
+    }
+
+    /// One `lvchange` swaps the old tag for the new (none left: no limits);
+    /// nothing runs when the LV already says so.
+    async fn set_io_limits(&self, id: &VolumeId, limits: IoLimits) -> Result<()> {
+        let lv = self
+            .lookup(&id.key)
+            .await?
+            .filter(|lv| self.to_volume(lv).is_some())
+            .ok_or_else(|| PoolError::VolumeNotFound(id.to_string()))?;
+        if io_limits_of(&lv) == limits && lv.tag_value(TAG_IO).is_some() != limits.is_unlimited() {
+            return Ok(());
+        }
+        let prefix = format!("{TAG_IO}=");
+        let old: Vec<String> = lv
+            .tags
+            .iter()
+            .filter(|t| t.starts_with(&prefix))
+            .cloned()
+            .collect();
+        let r = lvm::replace_tags(&self.lv_path(&lv.name), &old, io_tag(&limits)).await;
+        self.index.forget(&lv.name);
+        Ok(r?)
+    }
+
     async fn health(&self) -> Health {
         let (vg, thin) = (self.vg.clone(), self.thin.clone());
         self.health
@@ -543,7 +570,7 @@ impl Pool for LvmPool {
         let _alloc = self.alloc.lock().await;
         let what = format!("volume {}", req.name.as_str());
         let (size, checked) = match self.size_new(req, &name, &what).await? {
-            Sized::Existing(vol) => return Ok(vol),
+            Sized::Existing(vol) => return Ok(*vol),
             Sized::New { size, checked } => (size, checked),
         };
         if let Some(vol) = self.lvcreate_new(req, size, checked, &what).await? {

@@ -49,6 +49,24 @@ pub(super) const TAG_ENCRYPTION: &str = "localvol.encryption";
 /// until a (retried) create completes it (see [`LvmPool::finish_create`]).
 pub(super) const TAG_CREATING: &str = "localvol.creating";
 
+/// IO limits of a volume (`<readIOPS>:<writeIOPS>:<readBps>:<writeBps>`,
+/// `max` for none; no tag: no limits). Set at create from the mutable
+/// parameters and changed by ControllerModifyVolume.
+pub(super) const TAG_IO: &str = "localvol.io";
+
+/// An LV's IO limits, from its tag (a tag that does not parse: none, and
+/// the next modify replaces it).
+pub(super) fn io_limits_of(lv: &LvInfo) -> crate::pool::IoLimits {
+    lv.tag_value(TAG_IO)
+        .and_then(crate::pool::IoLimits::from_tag_value)
+        .unwrap_or_default()
+}
+
+/// The tag that records `limits` (none when unlimited).
+pub(super) fn io_tag(limits: &crate::pool::IoLimits) -> Option<String> {
+    limits.to_tag_value().map(|v| format!("{TAG_IO}={v}"))
+}
+
 /// How an LV's data is encrypted, from its tag.
 pub(super) fn encryption_of(lv: &LvInfo) -> Option<Encryption> {
     lv.tag_value(TAG_ENCRYPTION).and_then(Encryption::parse)
@@ -130,6 +148,7 @@ impl LvmPool {
             unformatted: lv.has_tag(TAG_UNFORMATTED),
             inactive: !lv.is_active(),
             encryption: encryption_of(lv),
+            io_limits: io_limits_of(lv),
         })
     }
 

@@ -55,6 +55,7 @@ fn request(name: &str, access: AccessType) -> CreateRequest {
         inode_limit: None,
         parameters: Default::default(),
         encryption: None,
+        io_limits: Default::default(),
         source: None,
     }
 }

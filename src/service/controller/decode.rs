@@ -11,6 +11,7 @@ use super::super::{to_i64, Capability, Result};
 use crate::blockdev::FsType;
 use crate::csi;
 use crate::ids::{truncate, ParsedId, VolumeId};
+use crate::iolimit::{IoChange, IoLimits};
 use crate::pool::{AccessType, CapacityRange, ContentSource, Pool, Snapshot};
 use crate::size::human;
 
@@ -55,6 +56,26 @@ pub(super) fn page<T>(
     let end = start.saturating_add(max).min(sorted.len());
     let next = sorted.get(end).map(|e| id(e).clone()).unwrap_or_default();
     Ok((start, end, next))
+}
+
+/// Mutable parameters (CreateVolume's and ControllerModifyVolume's): the
+/// IO limits they change.
+pub(super) fn decode_io_change(params: &HashMap<String, String>) -> Result<IoChange> {
+    IoChange::parse(params).map_err(Status::invalid_argument)
+}
+
+/// INVALID_ARGUMENT for limits on a volume of a pool that cannot enforce
+/// them ([`Pool::limits_io`]).
+pub(super) fn refuse_io_limits(pool: &dyn Pool, limits: &IoLimits) -> Result<()> {
+    if limits.is_unlimited() || pool.limits_io() {
+        return Ok(());
+    }
+    Err(Status::invalid_argument(format!(
+        "IO limits ({limits}) apply to LVM volumes; pool {} is {}: its volumes share one \
+         filesystem's device, so a limit could only throttle all of a pod's I/O on that disk",
+        pool.name(),
+        pool.backend()
+    )))
 }
 
 /// StorageClass-like parameter of a VolumeSnapshotClass: space reserved for a

@@ -119,6 +119,35 @@ impl ControllerService {
         })
     }
 
+    /// ControllerModifyVolume of a volume this node does not hold: accepted
+    /// (the owning node applies the class it is moved to) when it is this
+    /// driver's and its pool, as this node has it configured, takes limits.
+    /// Without a cluster there is no other node: NOT_FOUND.
+    async fn modify_elsewhere(
+        &self,
+        volume_id: &str,
+        change: &crate::iolimit::IoChange,
+    ) -> Result<csi::ControllerModifyVolumeResponse> {
+        let ParsedId::Volume(id) = VolumeId::parse("volume_id", volume_id)? else {
+            return Err(Refusal::NotOurs {
+                id: truncate(volume_id).to_owned(),
+            }
+            .into());
+        };
+        if self.room().await.is_none() {
+            return Err(Refusal::Missing {
+                kind: "volume",
+                id: truncate(volume_id).to_owned(),
+            }
+            .into());
+        }
+        if let Some(pool) = self.driver.pools.get(&id.pool) {
+            refuse_io_limits(pool.as_ref(), &change.apply_to(Default::default()))?;
+        }
+        tracing::info!(volume = %volume_id, "not on this node: its node applies the new attributes when its PV names their class");
+        Ok(csi::ControllerModifyVolumeResponse {})
+    }
+
     /// The volume as CSI has it; its context names the storage it lives on
     /// ([`STORAGE_ID_KEY`]), which the PV keeps in its volume attributes.
     fn to_csi(&self, v: &Volume) -> csi::Volume {
@@ -169,12 +198,8 @@ impl csi::controller_server::Controller for ControllerService {
             let range = super::decode_range(req.capacity_range.as_ref())?;
             let params = decode_params(&req.parameters)?;
             let content = decode_content_source(req.volume_content_source.as_ref())?;
+            let io_limits = decode_io_change(&req.mutable_parameters)?.apply_to(Default::default());
             let d = &self.driver;
-            if !req.mutable_parameters.is_empty() {
-                return Err(Status::invalid_argument(
-                    "mutable_parameters are not supported",
-                ));
-            }
             let source_id = match &content {
                 Some((kind, ParsedId::Volume(src))) => Some((*kind, src)),
                 _ => None,
@@ -188,6 +213,7 @@ impl csi::controller_server::Controller for ControllerService {
                     pool.backend()
                 )));
             }
+            refuse_io_limits(pool.as_ref(), &io_limits)?;
             let access_type = access_type_of(&caps, pool.as_ref())?;
             let range = fit_filesystem(
                 range,
@@ -223,6 +249,7 @@ impl csi::controller_server::Controller for ControllerService {
                     inode_limit: params.inode_limit,
                     parameters: params.kept,
                     encryption: params.encryption,
+                    io_limits,
                 })
                 .await?;
             let mut volume = self.to_csi(&vol);
@@ -430,6 +457,7 @@ impl csi::controller_server::Controller for ControllerService {
                 cap(RpcType::GetCapacity),
                 cap(RpcType::SingleNodeMultiWriter),
                 cap(RpcType::ExpandVolume),
+                cap(RpcType::ModifyVolume),
             ];
             // Only pools that can snapshot make the driver advertise it.
             if self.driver.pools.any_snapshots() {
@@ -643,12 +671,43 @@ impl csi::controller_server::Controller for ControllerService {
         .await
     }
 
+    /// IO limits are the only mutable parameters. The node that holds the
+    /// volume records them (an LV tag) and writes them into the `io.max` of
+    /// the pods that have it published, at once. external-resizer calls the
+    /// driver on its own node, though: for a volume of another node the
+    /// request is checked and accepted, external-resizer then points the
+    /// PV at the new VolumeAttributesClass, and the owning node, which
+    /// watches its PVs, applies that class's parameters (`k8s/attributes.rs`).
     async fn controller_modify_volume(
         &self,
-        _req: Request<csi::ControllerModifyVolumeRequest>,
+        req: Request<csi::ControllerModifyVolumeRequest>,
     ) -> Result<Response<csi::ControllerModifyVolumeResponse>, Status> {
-        rpc("ControllerModifyVolume", "", async {
-            Err(Refusal::Unsupported("ControllerModifyVolume").into())
+        let req = req.into_inner();
+        rpc("ControllerModifyVolume", &req.volume_id, async {
+            crate::ids::check_text("volume_id", &req.volume_id)?;
+            // No parameters (proto3 cannot tell an empty map from a missing
+            // one): nothing to change, for a volume that must still exist.
+            let change = decode_io_change(&req.mutable_parameters)?;
+            let Some((id, pool, vol)) = self.driver.find("volume_id", &req.volume_id).await? else {
+                return self.modify_elsewhere(&req.volume_id, &change).await;
+            };
+            self.driver.require_usable(&id.pool)?;
+            let limits = change.apply_to(vol.io_limits);
+            refuse_io_limits(pool.as_ref(), &limits)?;
+            if !pool.limits_io() {
+                // Nothing asked that such a pool could record.
+                return Ok(csi::ControllerModifyVolumeResponse {});
+            }
+            let _guard = self.driver.lock_volume(&id)?;
+            pool.set_io_limits(&id, limits).await?;
+            crate::nodeops::enforce_io_limits(
+                self.driver.cgroup_paths(),
+                pool.source(&vol)?,
+                &limits,
+                None,
+            )
+            .await?;
+            Ok(csi::ControllerModifyVolumeResponse {})
         })
         .await
     }
@@ -789,5 +848,133 @@ mod tests {
             .await
             .unwrap_err();
         assert_eq!(e.code(), Code::Unavailable, "{e:?}");
+    }
+
+    fn modify(id: &str, kv: &[(&str, &str)]) -> Request<csi::ControllerModifyVolumeRequest> {
+        Request::new(csi::ControllerModifyVolumeRequest {
+            volume_id: id.into(),
+            mutable_parameters: kv
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect(),
+            ..Default::default()
+        })
+    }
+
+    #[tokio::test]
+    async fn modify_volume_is_advertised_and_validated_before_anything_else() {
+        let dir = tempfile::tempdir().unwrap();
+        let fake = Fake::start();
+        let id = thick_id("pvc-4");
+        let svc = on_n0(dir.path(), &fake, &id, "512Mi").await;
+        let caps = svc
+            .controller_get_capabilities(Request::new(Default::default()))
+            .await
+            .unwrap()
+            .into_inner();
+        assert!(
+            caps.capabilities.iter().any(|c| matches!(
+                c.r#type,
+                Some(CapType::Rpc(Rpc { r#type: t })) if t == RpcType::ModifyVolume as i32
+            )),
+            "{caps:?}"
+        );
+        for (kv, want) in [
+            (vec![("iops", "5")], "unknown mutable parameter"),
+            (vec![("readIOPS", "0")], "must be positive"),
+            (vec![("writeBytesPerSecond", "fast")], "writeBytesPerSecond"),
+        ] {
+            let e = svc
+                .controller_modify_volume(modify(&id, &kv))
+                .await
+                .unwrap_err();
+            assert_eq!(e.code(), Code::InvalidArgument, "{kv:?}: {e:?}");
+            assert!(e.message().contains(want), "{kv:?}: {}", e.message());
+        }
+        // A volume of another node, in a pool this node does not have:
+        // accepted, for its node to apply (the PV's new class).
+        svc.controller_modify_volume(modify(&id, &[("readIOPS", "100")]))
+            .await
+            .unwrap();
+        // Not this driver's id at all.
+        let e = svc
+            .controller_modify_volume(modify("not-ours", &[("readIOPS", "100")]))
+            .await
+            .unwrap_err();
+        assert_eq!(e.code(), Code::NotFound, "{e:?}");
+        // Nothing was written to the cluster.
+        assert!(fake
+            .log()
+            .iter()
+            .all(|l| !l.starts_with("PUT") && !l.starts_with("PATCH")));
+    }
+
+    #[tokio::test]
+    async fn dir_volumes_take_no_io_limits() {
+        let dir = tempfile::tempdir().unwrap();
+        let who = Identity {
+            driver_name: "localvol.csi.dev".into(),
+            node_id: "n0".into(),
+            kubelet_dir: dir.path().join("kubelet"),
+        };
+        let driver = Driver::open(&who, &Config::embedded(dir.path()))
+            .await
+            .unwrap();
+        let svc = ControllerService::new(driver);
+        let create = |kv: &[(&str, &str)]| csi::CreateVolumeRequest {
+            name: "pvc-limits".into(),
+            volume_capabilities: vec![csi::VolumeCapability {
+                access_type: Some(csi::volume_capability::AccessType::Mount(Default::default())),
+                access_mode: Some(csi::volume_capability::AccessMode { mode: 1 }),
+            }],
+            mutable_parameters: kv
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect(),
+            ..Default::default()
+        };
+        let e = svc
+            .create_volume(Request::new(create(&[("writeIOPS", "50")])))
+            .await
+            .unwrap_err();
+        assert_eq!(e.code(), Code::InvalidArgument, "{e:?}");
+        assert!(
+            e.message().contains("apply to LVM volumes"),
+            "{}",
+            e.message()
+        );
+        assert!(
+            !dir.path().join("pool").join("volumes").exists()
+                || std::fs::read_dir(dir.path().join("pool").join("volumes"))
+                    .unwrap()
+                    .next()
+                    .is_none(),
+            "a refused create left something behind"
+        );
+        // No limit asked: a dir volume like any other.
+        let v = svc
+            .create_volume(Request::new(create(&[("writeIOPS", "max")])))
+            .await
+            .unwrap()
+            .into_inner()
+            .volume
+            .unwrap();
+        let e = svc
+            .controller_modify_volume(modify(&v.volume_id, &[("readBytesPerSecond", "1Mi")]))
+            .await
+            .unwrap_err();
+        assert_eq!(e.code(), Code::InvalidArgument, "{e:?}");
+        // Without a cluster, a volume this node does not have is nowhere.
+        let e = svc
+            .controller_modify_volume(modify(
+                "default.aaaaaaaaaaaaaaaaaaaaaaaaaa",
+                &[("readIOPS", "1")],
+            ))
+            .await
+            .unwrap_err();
+        assert!(
+            matches!(e.code(), Code::NotFound | Code::InvalidArgument),
+            "{e:?}"
+        );
     }
 }
