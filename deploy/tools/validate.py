@@ -60,7 +60,7 @@ SIDECARS = {
             "immediate-topology", "kubeconfig", "volume-name-prefix",
             "volume-name-uuid-length", "version", "v", "vmodule", "logging-format",
         },
-        "feature_gates": {"Topology"},
+        "feature_gates": {"Topology", "VolumeAttributesClass"},
         "required": {
             "csi-address": "/csi/csi.sock", "node-deployment": None,
             "feature-gates": "Topology=true", "strict-topology": None,
@@ -764,8 +764,16 @@ def check_sidecars(render, ds, localvol, socket_vol, kubelet_dir):
         gates = [g.split("=")[0] for g in (given.get("feature-gates") or "").split(",") if g]
         bad += [f"feature gate {g}" for g in gates if g not in spec["feature_gates"]]
         R.check(not bad, f"{render}: {name} flags are documented for {spec['tag']}", ", ".join(bad))
+        def has(k, v):
+            if k not in given:
+                return False
+            if v is None:
+                return True
+            if k == "feature-gates":  # the required gates among others
+                return set(v.split(",")) <= set((given[k] or "").split(","))
+            return given[k] == v
         miss = [f"--{k}" + (f"={v}" if v else "") for k, v in spec["required"].items()
-                if k not in given or (v is not None and given[k] != v)]
+                if not has(k, v)]
         miss += [f"no --{k}" for k in spec["forbidden"] if k in given]
         env = {e["name"]: e.get("valueFrom", {}).get("fieldRef", {}).get("fieldPath")
                for e in c.get("env", [])}
