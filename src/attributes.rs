@@ -113,7 +113,9 @@ async fn converge(
         return Ok(());
     }
     let limits = change.apply_to(vol.io_limits);
-    if limits == vol.io_limits && !initial {
+    // Unchanged: nothing to do, except after a start, when the limits are
+    // written again (a stop between the tag and io.max).
+    if limits == vol.io_limits && (!initial || limits.is_unlimited()) {
         return Ok(());
     }
     let _guard = driver.lock_volume(&id).map_err(|e| e.to_string())?;

@@ -289,3 +289,129 @@ async fn io_limits_hold_follow_changes_and_survive_restarts(kind: Kind) {
     one_volume(&mut fx, &cg, "io-plain", false).await;
     one_volume(&mut fx, &cg, "io-encrypted", true).await;
 }
+
+/// The owning node's half of ControllerModifyVolume (`src/attributes.rs`)
+/// against the tests' fake API server: while the driver was down, its
+/// volume's PV was moved to another VolumeAttributesClass (csi-resizer ran
+/// ControllerModifyVolume on another node). Started again with the cluster,
+/// the driver's first listing of its PVs applies that class: the LV's tag
+/// and the published pod's io.max follow, with no RPC. Thick pool only: the
+/// watch does not depend on the kind.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs device-mapper: run by make test-vm in the VM"]
+async fn a_class_changed_while_down_is_applied_at_start() {
+    use sanity_tests::replace::Api;
+    use serde_json::json;
+    require_root();
+    let cg = PodCgroup::new("11111111-2222-3333-4444-000000000003");
+    let root = cg.root.display().to_string();
+    let fx = Fx::start_with(
+        Kind::Thick,
+        Fx::VG_BYTES,
+        Fx::THIN_BYTES,
+        |o| o,
+        |mut d| {
+            d.extra_config = format!("cgroupRoot: {root}\n");
+            d
+        },
+    )
+    .await;
+    let mut fx = fx;
+    let cap = mount_cap(AccessMode::SingleNodeWriter);
+    let req = csi::CreateVolumeRequest {
+        name: "pvc-moved".to_owned(),
+        capacity_range: Some(range(64 * MI, 0)),
+        volume_capabilities: vec![cap.clone()],
+        mutable_parameters: params(&[("writeBytesPerSecond", "4Mi"), ("readIOPS", "500")]),
+        ..Default::default()
+    };
+    let id = must("create", fx.create(req).await).volume_id;
+    let staging = fx.d.staging_path("moved");
+    let mut stage = stage_req(&id, &staging);
+    stage.volume_capability = Some(cap.clone());
+    ok("stage", fx.d.node().node_stage_volume(stage).await);
+    let target =
+        fx.d.kubelet_dir()
+            .join("pods")
+            .join(&cg.uid)
+            .join("volumes/kubernetes.io~csi/pv-moved/mount");
+    fs::create_dir_all(target.parent().unwrap()).unwrap();
+    let mut publish = publish_req(&id, &staging, &target, false);
+    publish.volume_capability = Some(cap);
+    ok("publish", fx.d.node().node_publish_volume(publish).await);
+    let number = dev_number(&PathBuf::from(format!(
+        "/dev/{}/{}",
+        fx.vg.vg,
+        lv_name(&id)
+    )));
+    assert!(
+        cg.io_max(number).contains("wbps=4194304"),
+        "{}",
+        cg.io_max(number)
+    );
+
+    // Meanwhile, in the cluster: the PV now names class "gold".
+    let api = Api::start().await;
+    api.put(
+        "/apis/storage.k8s.io/v1/volumeattributesclasses/gold",
+        json!({
+            "apiVersion": "storage.k8s.io/v1", "kind": "VolumeAttributesClass",
+            "metadata": {"name": "gold"},
+            "driverName": "localvol.csi.dev",
+            "parameters": {"writeBytesPerSecond": "16Mi"},
+        }),
+    );
+    api.put(
+        "/api/v1/persistentvolumes/pv-moved",
+        json!({
+            "apiVersion": "v1", "kind": "PersistentVolume",
+            "metadata": {"name": "pv-moved"},
+            "spec": {
+                "capacity": {"storage": "64Mi"},
+                "volumeAttributesClassName": "gold",
+                "csi": {"driver": "localvol.csi.dev", "volumeHandle": id},
+                "nodeAffinity": {"required": {"nodeSelectorTerms": [{"matchExpressions": [
+                    {"key": "topology.localvol.csi.dev/node", "operator": "In", "values": [fx.d.opts.node_id]}
+                ]}]}},
+            }
+        }),
+    );
+    fx.d.opts.args = vec!["--kube-api".into(), api.url.clone()];
+    fx.d.restart().await;
+    let deadline = Instant::now() + std::time::Duration::from_secs(60);
+    while !cg.io_max(number).contains("wbps=16777216") {
+        assert!(
+            Instant::now() < deadline,
+            "60 s after the start the pod's io.max is {:?}; the API saw {:?}",
+            cg.io_max(number),
+            api.log()
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    }
+    // The class named one key: the other stays (a modify changes what it names).
+    assert!(
+        cg.io_max(number).contains("riops=500"),
+        "{}",
+        cg.io_max(number)
+    );
+    let tags = fx.lv(&id).unwrap().tags;
+    assert!(
+        tags.iter().any(|t| t == "localvol.io=500:max:max:16777216"),
+        "{tags:?}"
+    );
+    // Only reads: nothing in the cluster was written.
+    let writes: Vec<String> = api
+        .log()
+        .into_iter()
+        .filter(|l| !l.starts_with("LIST ") && !l.starts_with("GET "))
+        .collect();
+    assert!(
+        writes
+            .iter()
+            .all(|l| !l.contains("persistentvolumes") && !l.contains("volumeattributesclasses")),
+        "{writes:?}"
+    );
+    fx.d.unpublish(&id, &target).await;
+    fx.d.unstage(&id, &staging).await;
+    fx.d.delete(&id).await;
+}
