@@ -41,11 +41,11 @@ K8S_VERSIONS = ["1.27", "1.37"]
 # (README "Command line options" of kubernetes-csi/external-provisioner,
 # external-resizer, external-snapshotter, node-driver-registrar, livenessprobe;
 # klog's -v stays after KEP-2845, csi-provisioner v5.2.0 CHANGELOG adds
-# --logging-format). Deprecated flags (--metrics-address, --master, ...) are
+# --logging-format; v6.4.0 and csi-resizer v2.3.0 add --automaxprocs). Deprecated flags (--metrics-address, --master, ...) are
 # left out on purpose.
 SIDECARS = {
     "csi-provisioner": {
-        "tag": "v5.2.0",
+        "tag": "v6.4.0",
         "flags": {
             "csi-address", "leader-election", "leader-election-namespace",
             "leader-election-lease-duration", "leader-election-renew-deadline",
@@ -59,6 +59,8 @@ SIDECARS = {
             "node-deployment-max-delay", "feature-gates", "strict-topology",
             "immediate-topology", "kubeconfig", "volume-name-prefix",
             "volume-name-uuid-length", "version", "v", "vmodule", "logging-format",
+            "automaxprocs", "prevent-volume-mode-conversion", "snapshot-orphan-sweep-interval",
+            "enable-pprof",
         },
         "feature_gates": {"Topology", "VolumeAttributesClass"},
         "required": {
@@ -74,17 +76,16 @@ SIDECARS = {
                 "POD_NAME": "metadata.name"},
     },
     "csi-resizer": {
-        "tag": "v1.13.1",
+        "tag": "v2.3.0",
         "flags": {
             "csi-address", "leader-election", "leader-election-namespace",
             "leader-election-lease-duration", "leader-election-renew-deadline",
             "leader-election-retry-period", "timeout", "kube-api-burst",
             "kube-api-qps", "retry-interval-start", "retry-interval-max", "workers",
             "http-endpoint", "metrics-path", "handle-volume-inuse-error",
-            "feature-gates", "kubeconfig", "version", "v",
+            "feature-gates", "kubeconfig", "version", "v", "automaxprocs",
         },
-        "feature_gates": {"AnnotateFsResize", "RecoverVolumeExpansionFailure",
-                          "VolumeAttributesClass"},
+        "feature_gates": {"AnnotateFsResize", "VolumeAttributesClass", "ReleaseLeaderElectionOnExit"},
         "required": {
             "csi-address": "/csi/csi.sock", "leader-election": None,
             "handle-volume-inuse-error": "false",
@@ -138,12 +139,12 @@ SIDECARS = {
 # and livenessprobe do not call the API server. A sidecar tag that is not the
 # one written here fails the check: bump the table with the image.
 UPSTREAM_RBAC = {
-    "csi-provisioner": ("v5.2.0", "provisioner", {
+    "csi-provisioner": ("v6.4.0", "provisioner", {
         ("ClusterRole", "", "persistentvolumes"): {"get", "list", "watch", "create", "patch", "delete"},
         ("ClusterRole", "", "persistentvolumeclaims"): {"get", "list", "watch", "update"},
         ("ClusterRole", "storage.k8s.io", "storageclasses"): {"get", "list", "watch"},
         ("ClusterRole", "", "events"): {"list", "watch", "create", "update", "patch"},
-        ("ClusterRole", "snapshot.storage.k8s.io", "volumesnapshots"): {"get", "list"},
+        ("ClusterRole", "snapshot.storage.k8s.io", "volumesnapshots"): {"get", "list", "watch", "update"},
         ("ClusterRole", "snapshot.storage.k8s.io", "volumesnapshotcontents"): {"get", "list"},
         ("ClusterRole", "storage.k8s.io", "csinodes"): {"get", "list", "watch"},
         ("ClusterRole", "", "nodes"): {"get", "list", "watch"},
@@ -153,7 +154,7 @@ UPSTREAM_RBAC = {
         ("Role", "", "pods"): {"get"},
         ("Role", "apps", "replicasets"): {"get"},
     }),
-    "csi-resizer": ("v1.13.1", "resizer", {
+    "csi-resizer": ("v2.3.0", "resizer", {
         ("ClusterRole", "", "persistentvolumes"): {"get", "list", "watch", "patch"},
         ("ClusterRole", "", "persistentvolumeclaims"): {"get", "list", "watch"},
         ("ClusterRole", "", "pods"): {"get", "list", "watch"},
@@ -199,8 +200,17 @@ NOT_GRANTED = {
 }
 
 
+# Grants upstream's rbac.yaml lacks although the sidecar, as run here, makes
+# the call: (sidecar, kind, apiGroup, resource) -> (verbs, where it is made).
+ADDED = {
+    ("csi-provisioner", "ClusterRole", "storage.k8s.io", "volumeattributesclasses"):
+        ({"get"}, "pkg/controller/controller.go: StorageV1().VolumeAttributesClasses().Get of a "
+                  "claim's class at CreateVolume (VolumeAttributesClass, GA and on in v6)"),
+}
+
+
 def sidecar_rbac():
-    """(kind, role) -> {(apiGroup, resource): verbs}: upstream minus NOT_GRANTED."""
+    """(kind, role) -> {(apiGroup, resource): verbs}: upstream minus NOT_GRANTED, plus ADDED."""
     out = {}
     for sidecar, (_, role, rules) in UPSTREAM_RBAC.items():
         for (kind, group, resource), verbs in rules.items():
@@ -211,6 +221,11 @@ def sidecar_rbac():
     for key in NOT_GRANTED:
         if (key[1], key[2], key[3]) not in UPSTREAM_RBAC[key[0]][2]:
             raise SystemExit(f"validate.py: NOT_GRANTED {key} is not an upstream rule")
+    for (sidecar, kind, group, resource), (verbs, _) in ADDED.items():
+        if (kind, group, resource) in UPSTREAM_RBAC[sidecar][2]:
+            raise SystemExit(f"validate.py: ADDED {(sidecar, kind, group, resource)} is an upstream rule")
+        role = UPSTREAM_RBAC[sidecar][1]
+        out.setdefault((kind, role), {}).setdefault((group, resource), set()).update(verbs)
     return out
 
 

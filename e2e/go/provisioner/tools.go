@@ -4,5 +4,5 @@
 package tools
 
 import (
-	_ "github.com/kubernetes-csi/external-provisioner/v5/cmd/csi-provisioner"
+	_ "github.com/kubernetes-csi/external-provisioner/v6/cmd/csi-provisioner"
 )

@@ -4,5 +4,5 @@
 package tools
 
 import (
-	_ "github.com/kubernetes-csi/external-resizer/cmd/csi-resizer"
+	_ "github.com/kubernetes-csi/external-resizer/v2/cmd/csi-resizer"
 )
