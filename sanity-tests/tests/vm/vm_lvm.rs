@@ -40,6 +40,7 @@ thick_and_thin!(
     crash_mid_create,
     pool_full,
     expansion_beyond_free_space,
+    expansion_recovers_at_a_lower_size,
     delete_while_in_use,
 );
 
@@ -1068,6 +1069,147 @@ async fn expansion_beyond_free_space(kind: Kind) {
         "the controller must leave the LV to the node"
     );
     d.delete(id).await;
+}
+
+/// Kubernetes' expansion-failure recovery (RecoverVolumeExpansionFailure):
+/// growth that does not fit is OUT_OF_RANGE with nothing changed, in
+/// ControllerExpandVolume and in NodeExpandVolume (which another node's
+/// resizer may have let through on a stale CSIStorageCapacity); the user
+/// then lowers the request, and the lower size that fits succeeds, also on a
+/// repeat. A request below the current size answers OK with the current
+/// size (the spec: a volume already at least as large is success), a limit
+/// below it is OUT_OF_RANGE; nothing ever shrinks.
+async fn expansion_recovers_at_a_lower_size(kind: Kind) {
+    require_root();
+    let f = Fx::new(kind).await;
+    let d = &f.d;
+    let size = 64 * MI;
+    let lower = size + 64 * MI;
+    let v = must(
+        "create",
+        f.create(sized("recover", size, 0, fs_cap("ext4"))).await,
+    );
+    let id = v.volume_id.as_str();
+    // A filler takes half the room, so that growth beyond the rest fits what
+    // the pool could ever hold and is refused for want of free space.
+    let filler = must("filler", f.create(sized("filler", GI, 0, blk())).await);
+    let (staging, target) = (d.staging_path("recover"), d.target_path("recover"));
+    must("stage", stage_cap(d, id, &staging, fs_cap("ext4")).await);
+    must(
+        "publish",
+        publish_cap(d, id, &staging, &target, fs_cap("ext4")).await,
+    );
+    write_file(&target, "data", b"still here").unwrap();
+    let fs_before = fs_total(&target);
+    let controller = |required: i64, limit: i64| {
+        let mut c = d.controller();
+        let req = csi::ControllerExpandVolumeRequest {
+            volume_id: id.to_owned(),
+            capacity_range: Some(range(required, limit)),
+            volume_capability: Some(fs_cap("ext4")),
+            ..Default::default()
+        };
+        async move { c.controller_expand_volume(req).await }
+    };
+    let node = |required: i64, limit: i64| {
+        let mut n = d.node();
+        let req = csi::NodeExpandVolumeRequest {
+            volume_id: id.to_owned(),
+            volume_path: path_str(&target),
+            staging_target_path: path_str(&staging),
+            capacity_range: Some(range(required, limit)),
+            volume_capability: Some(fs_cap("ext4")),
+            ..Default::default()
+        };
+        async move { n.node_expand_volume(req).await }
+    };
+
+    // ControllerExpandVolume: too large refused, the LV unchanged; lower OK.
+    let free = d.capacity(None).await.available_capacity;
+    let e = assert_code(
+        "ControllerExpandVolume beyond the free space",
+        controller(size + free + f.extent(), 0).await,
+        Code::OutOfRange,
+    );
+    assert!(e.message().contains("ask for at most"), "{}", e.message());
+    assert_eq!(f.lv_size(id), size, "a refused expansion changed the LV");
+    let r = ok("ControllerExpandVolume lower", controller(lower, 0).await);
+    assert_eq!((r.capacity_bytes, r.node_expansion_required), (lower, true));
+
+    // NodeExpandVolume of growth the pool has no room for: OUT_OF_RANGE
+    // (kubelet: infeasible), the LV and the filesystem unchanged.
+    let room = f.promise_room();
+    let too_large = size + room + f.extent();
+    assert!(
+        too_large <= f.ever(),
+        "the filler must leave the request below what the pool could ever hold"
+    );
+    let e = assert_code(
+        "NodeExpandVolume beyond the room",
+        node(too_large, 0).await,
+        Code::OutOfRange,
+    );
+    let most = format!("ask for at most {} bytes", size + room);
+    assert!(
+        e.message().contains(&most),
+        "{most:?} not in {}",
+        e.message()
+    );
+    assert_eq!(
+        f.lv_size(id),
+        size,
+        "a refused NodeExpandVolume changed the LV"
+    );
+    assert_eq!(
+        fs_total(&target),
+        fs_before,
+        "a refused NodeExpandVolume grew the filesystem"
+    );
+
+    // The lowered request fits: done, and again on a repeat.
+    for round in ["lower", "lower again"] {
+        let r = ok(&format!("NodeExpandVolume {round}"), node(lower, 0).await);
+        assert_eq!(r.capacity_bytes, lower, "{round}");
+        assert_eq!(f.lv_size(id), lower, "{round}");
+        assert!(
+            fs_total(&target) >= fs_before + 48 * MI,
+            "{round}: the filesystem did not grow"
+        );
+    }
+    let fs_grown = fs_total(&target);
+
+    // Below the current size: OK with the current size, nothing shrinks;
+    // a limit below it cannot be met without shrinking: OUT_OF_RANGE.
+    let r = ok("ControllerExpandVolume below", controller(size, 0).await);
+    assert_eq!(r.capacity_bytes, lower);
+    let r = ok("NodeExpandVolume below", node(size, 0).await);
+    assert_eq!(r.capacity_bytes, lower);
+    assert_code(
+        "ControllerExpandVolume limit below",
+        controller(size, size).await,
+        Code::OutOfRange,
+    );
+    assert_code(
+        "NodeExpandVolume limit below",
+        node(size, size).await,
+        Code::OutOfRange,
+    );
+    assert_eq!(
+        f.lv_size(id),
+        lower,
+        "a request below the current size changed the LV"
+    );
+    assert_eq!(
+        fs_total(&target),
+        fs_grown,
+        "a request below the current size changed the filesystem"
+    );
+    assert_file(&target, "data", b"still here");
+
+    d.unpublish(id, &target).await;
+    d.unstage(id, &staging).await;
+    d.delete(id).await;
+    d.delete(&filler.volume_id).await;
 }
 
 /// A staged and published filesystem grows by 64 MiB: the controller leaves
