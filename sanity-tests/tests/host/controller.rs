@@ -329,7 +329,8 @@ fn unsupported_capabilities() -> Vec<(&'static str, csi::CreateVolumeRequest)> {
 }
 
 /// CreateVolume requests with an unknown parameter or pool, an invalid pool
-/// name, a content source (snapshot or volume: none on a dir pool), mutable
+/// name, format options (a dir pool makes no filesystem; a bad value), a
+/// content source (snapshot or volume: none on a dir pool), mutable
 /// parameters, or no name.
 fn unsupported_parameters_and_sources() -> Vec<(&'static str, csi::CreateVolumeRequest)> {
     let mut cases = vec![
@@ -351,6 +352,27 @@ fn unsupported_parameters_and_sources() -> Vec<(&'static str, csi::CreateVolumeR
             "invalid pool name",
             csi::CreateVolumeRequest {
                 parameters: params(&[("pool", "Not_A_Pool")]),
+                ..create_req("x")
+            },
+        ),
+        (
+            "format options on a dir pool",
+            csi::CreateVolumeRequest {
+                parameters: params(&[("format.xfs.nrext64", "false")]),
+                ..create_req("x")
+            },
+        ),
+        (
+            "a bad format value",
+            csi::CreateVolumeRequest {
+                parameters: params(&[("format.xfs.nrext64", "no")]),
+                ..create_req("x")
+            },
+        ),
+        (
+            "an unknown format option",
+            csi::CreateVolumeRequest {
+                parameters: params(&[("format.xfs.crc", "false")]),
                 ..create_req("x")
             },
         ),

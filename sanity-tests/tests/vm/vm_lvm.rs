@@ -41,6 +41,7 @@ thick_and_thin!(
     pool_full,
     expansion_beyond_free_space,
     expansion_recovers_at_a_lower_size,
+    format_options,
     delete_while_in_use,
 );
 
@@ -1210,6 +1211,203 @@ async fn expansion_recovers_at_a_lower_size(kind: Kind) {
     d.unstage(id, &staging).await;
     d.delete(id).await;
     d.delete(&filler.volume_id).await;
+}
+
+/// The StorageClass's `format.*` parameters reach mkfs: by default an XFS
+/// volume has `nrext64=0` (mountable by kernels before 5.19, whatever the
+/// image's mkfs.xfs defaults to); a class may turn it on and reflink off
+/// (checked with `xfs_info`), or turn ext4's metadata_csum off (checked with
+/// `dumpe2fs`). Options of another filesystem, a bad value, or a volume
+/// context tampered with before NodeStage are INVALID_ARGUMENT, nothing
+/// formatted; a raw block volume of such a class is created, the options
+/// not carried.
+async fn format_options(kind: Kind) {
+    require_root();
+    let f = Fx::new(kind).await;
+    let d = &f.d;
+    let with = |name: &str, size: i64, cap: csi::VolumeCapability, params: &[(&str, &str)]| {
+        let mut req = sized(name, size, 0, cap);
+        req.parameters = params
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+        req
+    };
+    let stage_ctx = |v: &csi::Volume, fs: &str| {
+        let mut req = stage_req(
+            &v.volume_id,
+            &d.staging_path(&v.volume_id.replace('.', "-")),
+        );
+        req.volume_capability = Some(fs_cap(fs));
+        req.volume_context = v.volume_context.clone();
+        req
+    };
+    let staged_fs = |v: &csi::Volume, fs: &str, tool: &str| {
+        let dev = f.dev(&v.volume_id);
+        let out = match tool {
+            "xfs_db" => Command::new("xfs_db")
+                .args(["-r", "-c", "info"])
+                .arg(&dev)
+                .output(),
+            _ => Command::new("dumpe2fs").arg("-h").arg(&dev).output(),
+        }
+        .unwrap_or_else(|e| panic!("{tool}: {e}"));
+        assert!(out.status.success(), "{tool} {fs}: {out:?}");
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    let mut cases = vec![];
+    for (name, fs, params, want, unwanted) in [
+        (
+            "fmt-default",
+            "xfs",
+            vec![],
+            vec!["nrext64=0"],
+            vec!["nrext64=1"],
+        ),
+        (
+            "fmt-xfs",
+            "xfs",
+            vec![
+                ("format.xfs.nrext64", "true"),
+                ("format.xfs.reflink", "false"),
+            ],
+            vec!["nrext64=1", "reflink=0"],
+            vec!["nrext64=0", "reflink=1"],
+        ),
+        (
+            "fmt-ext4",
+            "ext4",
+            vec![("format.ext4.features", "^metadata_csum")],
+            vec!["extent"],
+            vec!["metadata_csum"],
+        ),
+    ] {
+        let size = if fs == "xfs" { XFS_SIZE } else { 64 * MI };
+        let v = must(name, f.create(with(name, size, fs_cap(fs), &params)).await);
+        for (k, val) in &params {
+            assert_eq!(
+                v.volume_context.get(*k).map(String::as_str),
+                Some(*val),
+                "{name}: {:?}",
+                v.volume_context
+            );
+        }
+        must(
+            &format!("stage {name}"),
+            d.node()
+                .node_stage_volume(stage_ctx(&v, fs))
+                .await
+                .map(Response::into_inner),
+        );
+        let info = staged_fs(&v, fs, if fs == "xfs" { "xfs_db" } else { "dumpe2fs" });
+        let features = match fs {
+            "xfs" => info.clone(),
+            _ => info
+                .lines()
+                .find(|l| l.starts_with("Filesystem features:"))
+                .unwrap_or_else(|| panic!("{name}: no features in {info}"))
+                .to_owned(),
+        };
+        let words: Vec<&str> = features
+            .split(|c: char| c.is_whitespace() || c == ',')
+            .collect();
+        for w in want {
+            assert!(words.contains(&w), "{name}: {w} not in {features}");
+        }
+        for w in unwanted {
+            assert!(!words.contains(&w), "{name}: {w} in {features}");
+        }
+        cases.push((v, fs));
+    }
+
+    let ia = Code::InvalidArgument;
+    for (what, fs, params) in [
+        (
+            "xfs options on ext4",
+            "ext4",
+            vec![("format.xfs.nrext64", "false")],
+        ),
+        (
+            "ext4 options on xfs",
+            "xfs",
+            vec![("format.ext4.features", "^orphan_file")],
+        ),
+        ("a bad value", "xfs", vec![("format.xfs.nrext64", "0")]),
+        (
+            "an unknown option",
+            "xfs",
+            vec![("format.xfs.crc", "false")],
+        ),
+        (
+            "a feature not allowed",
+            "ext4",
+            vec![("format.ext4.features", "^has_journal")],
+        ),
+    ] {
+        let size = if fs == "xfs" { XFS_SIZE } else { 64 * MI };
+        assert_code(
+            what,
+            d.controller()
+                .create_volume(with("fmt-bad", size, fs_cap(fs), &params))
+                .await,
+            ia,
+        );
+        assert!(f.lvs_named("fmt-bad").is_empty(), "{what}: an LV was made");
+    }
+    // A block claim of a class with format options: nothing to format, the
+    // options are not carried.
+    let b = must(
+        "block with options",
+        f.create(with(
+            "fmt-blk",
+            16 * MI,
+            blk(),
+            &[("format.xfs.nrext64", "false")],
+        ))
+        .await,
+    );
+    assert!(
+        !b.volume_context.keys().any(|k| k.starts_with("format.")),
+        "{:?}",
+        b.volume_context
+    );
+    d.delete(&b.volume_id).await;
+
+    // NodeStage decodes the context again: a bad value or options of
+    // another filesystem are refused before anything is formatted.
+    let fresh = must(
+        "fresh",
+        f.create(with("fmt-fresh", XFS_SIZE, fs_cap("xfs"), &[]))
+            .await,
+    );
+    for (what, fs, k, v) in [
+        ("bad value", "xfs", "format.xfs.nrext64", "yes"),
+        ("other filesystem", "xfs", "format.ext4.features", "64bit"),
+        ("unknown", "xfs", "format.xfs.rmapbt", "true"),
+    ] {
+        let mut req = stage_ctx(&fresh, fs);
+        req.volume_context.insert(k.to_owned(), v.to_owned());
+        assert_code(
+            &format!("NodeStage {what}"),
+            d.node().node_stage_volume(req).await,
+            ia,
+        );
+        assert_eq!(
+            blkid(&f.dev(&fresh.volume_id), "TYPE"),
+            None,
+            "NodeStage {what} formatted the device"
+        );
+    }
+    d.delete(&fresh.volume_id).await;
+
+    for (v, _) in cases {
+        d.unstage(
+            &v.volume_id,
+            &d.staging_path(&v.volume_id.replace('.', "-")),
+        )
+        .await;
+        d.delete(&v.volume_id).await;
+    }
 }
 
 /// A staged and published filesystem grows by 64 MiB: the controller leaves
