@@ -12,7 +12,10 @@ use std::path::Path;
 use crate::command::{Cmd, CommandError};
 use crate::error::{IoContext, IoError};
 
+mod format;
 pub(crate) mod raw;
+
+pub use format::{FormatError, FormatOptions, FORMAT_PREFIX};
 
 /// A filesystem name the driver does not make.
 #[derive(Debug, thiserror::Error)]
@@ -133,14 +136,18 @@ pub(crate) fn mkfs_pool_command(dev: &Path) -> Cmd {
         .timeout(std::time::Duration::from_secs(600))
 }
 
-/// Creates a filesystem of type `fs` on `dev` if, and only if, probing finds
-/// the device blank; otherwise returns what is there, untouched. Existing data
-/// is never overwritten, and the one probe serves both the decision and the
-/// caller's view of the content.
-pub(crate) async fn format_if_blank(dev: &Path, fs: FsType) -> Result<Content, CommandError> {
+/// Creates a filesystem of type `fs` (with the class's `opts`) on `dev`
+/// if, and only if, probing finds the device blank; otherwise returns what
+/// is there, untouched. Existing data is never overwritten, and the one
+/// probe serves both the decision and the caller's view of the content.
+pub(crate) async fn format_if_blank(
+    dev: &Path,
+    fs: FsType,
+    opts: &FormatOptions,
+) -> Result<Content, CommandError> {
     match probe(dev).await? {
         Content::Empty => {
-            mkfs_command(dev, fs).run().await?;
+            mkfs_command(dev, fs, opts).await?.run().await?;
             Ok(Content::Empty)
         }
         other => Ok(other),
@@ -153,26 +160,58 @@ pub(crate) async fn format_if_blank(dev: &Path, fs: FsType) -> Result<Content, C
 /// not mount, or mounts half-made). Signatures found are erased first, so
 /// nothing of the old attempt can be probed afterwards. Returns what was
 /// found before.
-pub(crate) async fn format_whole(dev: &Path, fs: FsType) -> Result<Content, CommandError> {
+pub(crate) async fn format_whole(
+    dev: &Path,
+    fs: FsType,
+    opts: &FormatOptions,
+) -> Result<Content, CommandError> {
     let found = probe(dev).await?;
     if found != Content::Empty {
         raw::erase_signatures(dev).await?;
     }
-    mkfs_command(dev, fs).run().await?;
+    mkfs_command(dev, fs, opts).await?.run().await?;
     Ok(found)
 }
 
-/// The mkfs invocation [`format_if_blank`] runs, without the probe. Public
-/// for `localvol bench --floor-lvm` (the `cli/` crate), which times exactly
-/// this, so the floor formats like the driver.
-pub fn mkfs_command(dev: &Path, fs: FsType) -> Cmd {
+/// Whether the installed mkfs.xfs knows `-i nrext64` (xfsprogs 5.19+):
+/// asked once (`mkfs.xfs -V`), then remembered. An answer it cannot read
+/// counts as not knowing it (the option is then not passed by default).
+async fn xfs_knows_nrext64() -> Result<bool, CommandError> {
+    static KNOWS: tokio::sync::OnceCell<bool> = tokio::sync::OnceCell::const_new();
+    KNOWS
+        .get_or_try_init(|| async {
+            let out = Cmd::new("mkfs.xfs").arg("-V").run().await?;
+            let knows = format::version_knows_nrext64(&out.stdout);
+            if knows.is_none() {
+                tracing::warn!(version = %out.stdout.trim(), "cannot read mkfs.xfs's version; not passing -i nrext64=0 by default");
+            }
+            Ok(knows.unwrap_or(false))
+        })
+        .await
+        .copied()
+}
+
+/// The mkfs invocation [`format_if_blank`] runs, without the probe: the
+/// driver's fixed options, then the class's (`opts`, and XFS's defaults:
+/// [`FormatOptions::mkfs_args`]). Public for `localvol bench --floor-lvm`
+/// (the `cli/` crate), which times exactly this, so the floor formats like
+/// the driver.
+pub async fn mkfs_command(
+    dev: &Path,
+    fs: FsType,
+    opts: &FormatOptions,
+) -> Result<Cmd, CommandError> {
     let cmd = match fs {
         // No root-reserved blocks: the whole volume belongs to its pod.
-        FsType::Ext4 => Cmd::new("mkfs.ext4").args(["-q", "-m", "0"]).arg(dev),
+        FsType::Ext4 => Cmd::new("mkfs.ext4")
+            .args(["-q", "-m", "0"])
+            .args(opts.mkfs_args(fs, false)),
         // mkfs.xfs itself refuses devices with a signature (no -f).
-        FsType::Xfs => Cmd::new("mkfs.xfs").arg("-q").arg(dev),
+        FsType::Xfs => Cmd::new("mkfs.xfs")
+            .arg("-q")
+            .args(opts.mkfs_args(fs, xfs_knows_nrext64().await?)),
     };
-    cmd.timeout(std::time::Duration::from_secs(600))
+    Ok(cmd.arg(dev).timeout(std::time::Duration::from_secs(600)))
 }
 
 /// Grows a mounted filesystem to fill its (already larger) device.
@@ -295,6 +334,35 @@ pub(crate) mod tests {
     use super::*;
     use std::process::Command;
 
+    /// The command the driver runs for an XFS volume of a class without
+    /// options, with this machine's mkfs.xfs: `-i nrext64=0` exactly when
+    /// its version knows the option.
+    #[tokio::test]
+    async fn default_xfs_command_keeps_nrext64_off_where_mkfs_knows_it() {
+        let Ok(out) = Command::new("mkfs.xfs").arg("-V").output() else {
+            eprintln!("SKIPPED: no mkfs.xfs on this machine");
+            return;
+        };
+        let knows = format::version_knows_nrext64(&String::from_utf8_lossy(&out.stdout))
+            .expect("mkfs.xfs -V gives a version");
+        let cmd = mkfs_command(
+            Path::new("/dev/null"),
+            FsType::Xfs,
+            &FormatOptions::default(),
+        )
+        .await
+        .unwrap();
+        let argv: Vec<_> = cmd
+            .argv()
+            .map(|a| a.to_string_lossy().into_owned())
+            .collect();
+        let want: Vec<&str> = match knows {
+            true => vec!["-q", "-i", "nrext64=0", "/dev/null"],
+            false => vec!["-q", "/dev/null"],
+        };
+        assert_eq!(argv, want);
+    }
+
     #[test]
     fn parses_blkid_output() {
         assert_eq!(
@@ -383,7 +451,12 @@ pub(crate) mod tests {
             assert_eq!(device_size(&lo.dev).unwrap(), 400 << 20);
             assert_eq!(probe(&lo.dev).await.unwrap(), Content::Empty);
             // Blank: formatted, and the answer says it was blank.
-            assert_eq!(format_if_blank(&lo.dev, fs).await.unwrap(), Content::Empty);
+            assert_eq!(
+                format_if_blank(&lo.dev, fs, &FormatOptions::default())
+                    .await
+                    .unwrap(),
+                Content::Empty
+            );
             let formatted = Content::Filesystem(fs.as_str().into());
             assert_eq!(probe(&lo.dev).await.unwrap(), formatted);
             let uuid = || {
@@ -398,7 +471,12 @@ pub(crate) mod tests {
             assert!(!before.trim().is_empty());
             // Not blank any more: never formatted again, whatever type is asked.
             for again in [FsType::Ext4, FsType::Xfs] {
-                assert_eq!(format_if_blank(&lo.dev, again).await.unwrap(), formatted);
+                assert_eq!(
+                    format_if_blank(&lo.dev, again, &FormatOptions::default())
+                        .await
+                        .unwrap(),
+                    formatted
+                );
                 assert_eq!(uuid(), before, "{fs:?} was reformatted as {again:?}");
             }
             // Grow: enlarge the backing file, refresh the loop size, grow online.

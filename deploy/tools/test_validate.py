@@ -228,6 +228,29 @@ class PoolMounts(unittest.TestCase):
 
 
 @unittest.skipUnless(os.environ.get("LOCALVOL_BIN"), "LOCALVOL_BIN not set: no binary to ask")
+class FormatParams(unittest.TestCase):
+    LVM = {"type": "lvm", "defaultFsType": "xfs"}
+
+    def test_valid_options_pass(self):
+        for params, fs in [({"format.xfs.nrext64": "false", "format.xfs.reflink": "true"}, None),
+                           ({"format.ext4.features": "^orphan_file,64bit"}, "ext4"),
+                           ({"pool": "lvm"}, None)]:
+            self.assertEqual(validate.format_problems(params, self.LVM, fs), [], params)
+
+    def test_what_create_volume_refuses_is_reported(self):
+        for params, pool, fs, says in [
+            ({"format.xfs.nrext64": "0"}, self.LVM, None, "true"),
+            ({"format.xfs.nrext64": "false"}, self.LVM, "ext4", "on a ext4 class"),
+            ({"format.xfs.nrext64": "false"}, {"type": "dir"}, None, "need an LVM pool"),
+            ({"format.ext4.features": "has_journal"}, self.LVM, "ext4", "has_journal not in"),
+            ({"format.ext4.features": "64bit,^64bit"}, self.LVM, "ext4", "twice"),
+            ({"format.ext4.features": "64bit", "format.xfs.bigtime": "true"}, self.LVM, "ext4",
+             "together"),
+        ]:
+            problems = validate.format_problems(params, pool, fs)
+            self.assertTrue(any(says in p for p in problems), (params, problems))
+
+
 class ConfigCheck(unittest.TestCase):
     """The config rules are the binary's; these only check the wiring, and
     that the names this script once let through are refused."""

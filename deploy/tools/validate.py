@@ -383,7 +383,41 @@ VSC_SCHEMA = {
     },
 }
 
-SC_PARAMS = re.compile(r"^(pool|inodeLimit|encryption|csi\.storage\.k8s\.io/.+)$")
+def format_problems(params, pool, fs):
+    """What CreateVolume would refuse in a class's format.* parameters
+    (src/blockdev/format.rs, src/service/controller/decode.rs)."""
+    fmt = {k: v for k, v in params.items() if k.startswith("format.")}
+    if not fmt:
+        return []
+    out = []
+    if pool["type"] != "lvm":
+        out.append("format.* parameters need an LVM pool")
+    kinds = {k.split(".")[1] for k in fmt}
+    if len(kinds) > 1:
+        out.append("format.xfs.* and format.ext4.* together")
+    want = fs or pool.get("defaultFsType", "ext4")
+    for k, v in fmt.items():
+        kind = k.split(".")[1]
+        if kind != want:
+            out.append(f"{k} on a {want} class")
+        if kind == "xfs" and v not in ("true", "false"):
+            out.append(f"{k} {v!r} (\"true\" | \"false\")")
+        if kind == "ext4":
+            items = str(v).split(",")
+            names = [i[1:] if i.startswith("^") else i for i in items]
+            bad = [i for i, n in zip(items, names) if n not in EXT4_FEATURES]
+            if bad or not v:
+                out.append(f"{k}: {', '.join(bad) or 'empty'} not in {sorted(EXT4_FEATURES)}")
+            if len(set(names)) != len(names):
+                out.append(f"{k} names a feature twice")
+    return out
+
+
+SC_PARAMS = re.compile(r"^(pool|inodeLimit|encryption|format\.xfs\.(nrext64|bigtime|inobtcount|reflink)"
+                       r"|format\.ext4\.features|csi\.storage\.k8s\.io/.+)$")
+# format.ext4.features' allow-list (src/blockdev/format.rs), each optionally ^-prefixed.
+EXT4_FEATURES = {"64bit", "metadata_csum", "metadata_csum_seed", "orphan_file", "huge_file",
+                 "large_dir", "extra_isize", "dir_nlink"}
 # The node-stage secret field holding an encrypted volume's key (src/crypt.rs).
 KEY_FIELD = "encryptionKey"
 VSC_PARAMS = re.compile(r"^(snapshotSize|csi\.storage\.k8s\.io/.+)$")
@@ -1023,6 +1057,7 @@ def check_classes(render, docs, pools, sidecars, shipped, static_classes=frozens
                 problems.append("fstype on a directory pool")
             if "inodeLimit" in params and (pool["type"] != "dir" or pool.get("quota") == "off"):
                 problems.append("inodeLimit needs a dir pool with quotas")
+            problems += format_problems(params, pool, fs)
             if "encryption" in params:
                 if params["encryption"] != "luks2":
                     problems.append(f"encryption {params['encryption']!r} (luks2)")

@@ -866,7 +866,7 @@ mod tests {
     async fn unmounts_by_device_only_what_is_the_devices() {
         let (lo, other) = (Loop::new(64 << 20), Loop::new(64 << 20));
         for l in [&lo, &other] {
-            blockdev::format_if_blank(&l.dev, FsType::Ext4)
+            blockdev::format_if_blank(&l.dev, FsType::Ext4, &Default::default())
                 .await
                 .unwrap();
         }

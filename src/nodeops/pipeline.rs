@@ -21,7 +21,7 @@ use std::path::{Path, PathBuf};
 use sys_mount::MountFlags;
 
 use super::{MountAt, NodeError};
-use crate::blockdev::{self, Content, FsType};
+use crate::blockdev::{self, Content, FormatOptions, FsType};
 use crate::command::CommandError;
 use crate::crypt::{self, CryptError, Key};
 use crate::error::{blocking, IoError};
@@ -101,6 +101,9 @@ pub struct Stage {
     pub staging: RequestPath,
     /// The filesystem the capability names (None: the pool's default).
     pub fs_type: Option<FsType>,
+    /// The class's format options (the volume context's `format.*`),
+    /// checked against the filesystem already.
+    pub format: FormatOptions,
     pub mount: MountOptions,
     /// The node-stage secret's key; required for an encrypted volume.
     pub key: Option<Key>,
@@ -180,6 +183,7 @@ pub async fn stage<P: NodeSide + ?Sized>(pool: &P, vol: &Volume, req: Stage) -> 
     let Stage {
         staging,
         fs_type,
+        format,
         mount,
         key,
     } = req;
@@ -223,6 +227,7 @@ pub async fn stage<P: NodeSide + ?Sized>(pool: &P, vol: &Volume, req: Stage) -> 
                 let fs = FsChoice {
                     requested: fs_type,
                     default: pool.default_fs_type(),
+                    format,
                 };
                 return stage_filesystem(pool, vol, enc.as_ref(), dev, &staging, fs, mount).await;
             }
@@ -245,6 +250,8 @@ fn source_path(src: &Source) -> PathBuf {
 struct FsChoice {
     requested: Option<FsType>,
     default: Option<FsType>,
+    /// How a blank device is formatted.
+    format: FormatOptions,
 }
 
 async fn stage_filesystem<P: NodeSide + ?Sized>(
@@ -320,7 +327,7 @@ async fn prepare_filesystem(dev: &Path, choice: FsChoice, whole: bool) -> Result
     if whole {
         // The pool says the driver never finished a filesystem here: what is
         // on the device can only be a format of its own cut short.
-        let found = blockdev::format_whole(dev, fs_if_blank).await?;
+        let found = blockdev::format_whole(dev, fs_if_blank, &choice.format).await?;
         if found != Content::Empty {
             tracing::warn!(
                 device = ?dev,
@@ -330,7 +337,7 @@ async fn prepare_filesystem(dev: &Path, choice: FsChoice, whole: bool) -> Result
         }
         return Ok(fs_if_blank);
     }
-    match blockdev::format_if_blank(dev, fs_if_blank).await? {
+    match blockdev::format_if_blank(dev, fs_if_blank, &choice.format).await? {
         Content::Empty => Ok(fs_if_blank),
         Content::Filesystem(t) => {
             let found = parse_found(dev, &t)?;

@@ -58,6 +58,19 @@ pub enum PoolError {
         pool: PoolName,
         free: u64,
     },
+    /// An expansion whose growth does not fit the pool's free space now:
+    /// the request may be lowered (Kubernetes' expansion-failure recovery)
+    /// to at most `most` bytes.
+    #[error("volume {id} is {size} bytes; growing it to {bytes} bytes needs {growth} more, but pool {pool} has room for {free}; ask for at most {most} bytes")]
+    NoRoomToGrow {
+        id: String,
+        size: u64,
+        bytes: u64,
+        growth: u64,
+        pool: PoolName,
+        free: u64,
+        most: u64,
+    },
     #[error("{what}: no free project quota id found")]
     NoProjectId { what: String },
     /// A size the pool cannot make: a shrink, no whole extent in the range,

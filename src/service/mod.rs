@@ -17,6 +17,7 @@ pub use crate::driver::{Driver, TOPOLOGY_KEY};
 
 /// What every handler and decoder here returns: the code is chosen here.
 pub type Result<T, E = Status> = std::result::Result<T, E>;
+use crate::blockdev::{FormatOptions, FsType, FORMAT_PREFIX};
 use crate::ids::{truncate, PoolName, StorageId, STORAGE_ID_KEY};
 use crate::pool::{AccessMode, AccessType, Encryption};
 
@@ -128,6 +129,10 @@ pub struct PoolParams {
     pub pool: Option<PoolName>,
     pub inode_limit: Option<u64>,
     pub encryption: Option<Encryption>,
+    /// How a new filesystem is made (`format.*`): checked against the
+    /// pool and the filesystem by CreateVolume, carried in the volume
+    /// context to NodeStageVolume.
+    pub format: FormatOptions,
     /// Everything understood that the record keeps.
     pub kept: BTreeMap<String, String>,
 }
@@ -154,6 +159,10 @@ pub fn decode_params(params: &HashMap<String, String>) -> Result<PoolParams> {
                     truncate(v)
                 ))
             })?);
+        } else if FormatOptions::is_format_key(k) {
+            out.format
+                .set(k, v)
+                .map_err(|e| Status::invalid_argument(e.to_string()))?;
         } else if let Some(rest) = k.strip_prefix(K8S_PARAM_PREFIX) {
             crate::ids::check_text("parameter name", rest)?;
             if v.len() > 1024 || v.contains(char::is_control) {
@@ -164,7 +173,7 @@ pub fn decode_params(params: &HashMap<String, String>) -> Result<PoolParams> {
             out.kept.insert(k.clone(), v.clone());
         } else {
             return Err(Status::invalid_argument(format!(
-                "unknown parameter {:?} (known: {PARAM_POOL}, {PARAM_INODE_LIMIT}, {PARAM_ENCRYPTION}, {K8S_PARAM_PREFIX}*)",
+                "unknown parameter {:?} (known: {PARAM_POOL}, {PARAM_INODE_LIMIT}, {PARAM_ENCRYPTION}, {FORMAT_PREFIX}*, {K8S_PARAM_PREFIX}*)",
                 truncate(k)
             )));
         }
@@ -211,8 +220,32 @@ pub fn decode_ephemeral(ctx: &HashMap<String, String>) -> Result<EphemeralAttrs>
     let mut params = decode_params(&rest).map_err(|s| {
         Status::invalid_argument(format!("ephemeral volume attributes: {}", s.message()))
     })?;
+    if !params.format.is_empty() {
+        return Err(Status::invalid_argument(format!(
+            "ephemeral volume attributes: {FORMAT_PREFIX}* do not apply (an ephemeral volume is a directory)"
+        )));
+    }
     params.kept.insert(ATTR_SIZE.to_owned(), size.to_string());
     Ok(EphemeralAttrs { params, size })
+}
+
+fn bad_format_context(e: crate::blockdev::FormatError) -> Status {
+    Status::invalid_argument(format!("volume attributes: {e}"))
+}
+
+/// The format options of a volume's context (`format.*`, as CreateVolume
+/// put them there), decoded again: malformed, or options of both
+/// filesystems, is INVALID_ARGUMENT.
+pub fn decode_format_context(ctx: &HashMap<String, String>) -> Result<FormatOptions> {
+    let opts = FormatOptions::from_params(ctx).map_err(bad_format_context)?;
+    opts.filesystem().map_err(bad_format_context)?;
+    Ok(opts)
+}
+
+/// Options of another filesystem than `fs`, the one the volume gets, are
+/// INVALID_ARGUMENT.
+pub fn check_format_for(opts: &FormatOptions, fs: FsType) -> Result<()> {
+    opts.check_for(fs).map_err(bad_format_context)
 }
 
 /// The storage identity a volume's context names ([`STORAGE_ID_KEY`]: the

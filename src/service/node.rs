@@ -302,6 +302,7 @@ impl csi::node_server::Node for NodeService {
             // encrypted (other volumes ignore it).
             let key = req.secrets.get(KEY_FIELD).map(|v| Key::new(v.as_bytes()));
             let storage = super::decode_storage_id(&req.volume_context)?;
+            let format = super::decode_format_context(&req.volume_context)?;
             let (id, pool, vol) = self.driver.require("volume_id", &req.volume_id).await?;
             self.driver.require_usable(&id.pool)?;
             self.driver
@@ -329,10 +330,21 @@ impl csi::node_server::Node for NodeService {
                 "" => None,
                 t => Some(FsType::parse(t)?),
             };
+            // Only a volume that gets a filesystem here is formatted with
+            // the class's options, which must be that filesystem's; a raw
+            // block volume's are not carried.
+            let format = match fs_type.or(pool.default_fs_type()) {
+                Some(fs) if cap.access_type == AccessType::Mount => {
+                    super::check_format_for(&format, fs)?;
+                    format
+                }
+                _ => Default::default(),
+            };
             let _guard = self.driver.lock_volume(&id)?;
             let stage = pipeline::Stage {
                 staging,
                 fs_type,
+                format,
                 mount: opts,
                 key,
             };

@@ -150,7 +150,11 @@ pub fn pool_code(e: &PoolError) -> Code {
         P::Unavailable { .. } | P::NotStarted { .. } => Code::Unavailable,
         P::Mismatch { .. } | P::NotOurs { .. } => Code::AlreadyExists,
         P::VolumeNotFound(_) | P::SnapshotNotFound(_) | P::SourceNotFound(_) => Code::NotFound,
-        P::TooLarge { .. } | P::SizeRefused(_) => Code::OutOfRange,
+        // Growth that does not fit is infeasible, not a transient shortage:
+        // external-resizer and kubelet then let the user lower the request
+        // (RecoverVolumeExpansionFailure), which a retry at the same size
+        // would never satisfy.
+        P::TooLarge { .. } | P::SizeRefused(_) | P::NoRoomToGrow { .. } => Code::OutOfRange,
         P::NoSpace { .. } | P::NoProjectId { .. } => Code::ResourceExhausted,
         P::Misconfigured { .. }
         | P::InUse { .. }

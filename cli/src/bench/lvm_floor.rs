@@ -288,7 +288,9 @@ async fn steps(
 
 /// The Stage step's work: mkfs on the LV, then mount it on the staging dir.
 async fn stage(p: &Paths, fs: FsType, done: &mut Progress) -> Result<(), String> {
-    blockdev::mkfs_command(&p.dev, fs)
+    blockdev::mkfs_command(&p.dev, fs, &Default::default())
+        .await
+        .map_err(|e| e.to_string())?
         .run()
         .await
         .map_err(|e| e.to_string())?;

@@ -329,7 +329,8 @@ fn unsupported_capabilities() -> Vec<(&'static str, csi::CreateVolumeRequest)> {
 }
 
 /// CreateVolume requests with an unknown parameter or pool, an invalid pool
-/// name, a content source (snapshot or volume: none on a dir pool), mutable
+/// name, format options (a dir pool makes no filesystem; a bad value), a
+/// content source (snapshot or volume: none on a dir pool), mutable
 /// parameters, or no name.
 fn unsupported_parameters_and_sources() -> Vec<(&'static str, csi::CreateVolumeRequest)> {
     let mut cases = vec![
@@ -351,6 +352,27 @@ fn unsupported_parameters_and_sources() -> Vec<(&'static str, csi::CreateVolumeR
             "invalid pool name",
             csi::CreateVolumeRequest {
                 parameters: params(&[("pool", "Not_A_Pool")]),
+                ..create_req("x")
+            },
+        ),
+        (
+            "format options on a dir pool",
+            csi::CreateVolumeRequest {
+                parameters: params(&[("format.xfs.nrext64", "false")]),
+                ..create_req("x")
+            },
+        ),
+        (
+            "a bad format value",
+            csi::CreateVolumeRequest {
+                parameters: params(&[("format.xfs.nrext64", "no")]),
+                ..create_req("x")
+            },
+        ),
+        (
+            "an unknown format option",
+            csi::CreateVolumeRequest {
+                parameters: params(&[("format.xfs.crc", "false")]),
                 ..create_req("x")
             },
         ),
@@ -960,7 +982,7 @@ async fn controller_expand_volume() {
     expand_to_a_range_already_satisfied_changes_nothing(&d, id, grown).await;
     expand_that_shrinks_or_outgrows_the_pool_is_out_of_range(&d, id).await;
     d.create("other", 40 * MI).await;
-    expand_beyond_the_free_space_is_exhausted_and_keeps_the_size(&d, id).await;
+    expand_beyond_the_free_space_is_out_of_range_then_recovers_lower(&d, id).await;
     expand_of_another_nodes_id_is_left_to_node_expansion(&d).await;
     assert_eq!(d.list_all().await.len(), 2, "nothing was created");
     expand_checks_its_request(&d, id).await;
@@ -1003,22 +1025,36 @@ async fn expand_that_shrinks_or_outgrows_the_pool_is_out_of_range(d: &Driver, id
 }
 
 /// Growing beyond what the pool has free (40 MiB of it taken by "other") is
-/// RESOURCE_EXHAUSTED, and the volume keeps its 20 MiB.
-async fn expand_beyond_the_free_space_is_exhausted_and_keeps_the_size(d: &Driver, id: &str) {
-    assert_code(
-        "grow beyond the free space",
-        expand(d, expand_req(id, 30 * MI, 0)).await,
-        Code::ResourceExhausted,
-    );
-    assert_eq!(
-        d.list_all()
-            .await
+/// OUT_OF_RANGE (the spec's code for a range the plugin cannot satisfy,
+/// which Kubernetes treats as infeasible, so that the user may lower the
+/// request: RecoverVolumeExpansionFailure), and the volume keeps its 20 MiB;
+/// the message says how far it can grow. A lower request that fits (24 MiB:
+/// 4 MiB are free) then succeeds, again on a repeat.
+async fn expand_beyond_the_free_space_is_out_of_range_then_recovers_lower(d: &Driver, id: &str) {
+    let size_of = |listed: Vec<csi::Volume>| {
+        listed
             .iter()
             .find(|x| x.volume_id == id)
             .unwrap()
-            .capacity_bytes,
-        20 * MI
+            .capacity_bytes
+    };
+    let e = assert_code(
+        "grow beyond the free space",
+        expand(d, expand_req(id, 30 * MI, 0)).await,
+        Code::OutOfRange,
     );
+    assert!(
+        e.message()
+            .contains(&format!("ask for at most {} bytes", 24 * MI)),
+        "{}",
+        e.message()
+    );
+    assert_eq!(size_of(d.list_all().await), 20 * MI);
+    for round in ["lower", "lower again"] {
+        let r = ok(round, expand(d, expand_req(id, 24 * MI, 0)).await);
+        assert_eq!(r.capacity_bytes, 24 * MI, "{round}");
+        assert_eq!(size_of(d.list_all().await), 24 * MI, "{round}");
+    }
 }
 
 /// An id in localvol's format that is not here may live on another node

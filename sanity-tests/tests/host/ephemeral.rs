@@ -176,6 +176,14 @@ async fn bad_attributes_are_invalid_argument_and_touch_nothing() {
             "bad inodeLimit",
             ephemeral_publish_req(&id, &target, &[("size", "1Mi"), ("inodeLimit", "-3")]),
         ),
+        (
+            "format options (a directory has no filesystem of its own)",
+            ephemeral_publish_req(
+                &id,
+                &target,
+                &[("size", "1Mi"), ("format.xfs.nrext64", "false")],
+            ),
+        ),
         ("read-only", {
             let mut r = ephemeral_publish_req(&id, &target, &[("size", "1Mi")]);
             r.readonly = true;

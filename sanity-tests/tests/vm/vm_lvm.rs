@@ -40,6 +40,8 @@ thick_and_thin!(
     crash_mid_create,
     pool_full,
     expansion_beyond_free_space,
+    expansion_recovers_at_a_lower_size,
+    format_options,
     delete_while_in_use,
 );
 
@@ -1068,6 +1070,344 @@ async fn expansion_beyond_free_space(kind: Kind) {
         "the controller must leave the LV to the node"
     );
     d.delete(id).await;
+}
+
+/// Kubernetes' expansion-failure recovery (RecoverVolumeExpansionFailure):
+/// growth that does not fit is OUT_OF_RANGE with nothing changed, in
+/// ControllerExpandVolume and in NodeExpandVolume (which another node's
+/// resizer may have let through on a stale CSIStorageCapacity); the user
+/// then lowers the request, and the lower size that fits succeeds, also on a
+/// repeat. A request below the current size answers OK with the current
+/// size (the spec: a volume already at least as large is success), a limit
+/// below it is OUT_OF_RANGE; nothing ever shrinks.
+async fn expansion_recovers_at_a_lower_size(kind: Kind) {
+    require_root();
+    let f = Fx::new(kind).await;
+    let d = &f.d;
+    let size = 64 * MI;
+    let lower = size + 64 * MI;
+    let v = must(
+        "create",
+        f.create(sized("recover", size, 0, fs_cap("ext4"))).await,
+    );
+    let id = v.volume_id.as_str();
+    // A filler takes half the room, so that growth beyond the rest fits what
+    // the pool could ever hold and is refused for want of free space.
+    let filler = must("filler", f.create(sized("filler", GI, 0, blk())).await);
+    let (staging, target) = (d.staging_path("recover"), d.target_path("recover"));
+    must("stage", stage_cap(d, id, &staging, fs_cap("ext4")).await);
+    must(
+        "publish",
+        publish_cap(d, id, &staging, &target, fs_cap("ext4")).await,
+    );
+    write_file(&target, "data", b"still here").unwrap();
+    let fs_before = fs_total(&target);
+    let controller = |required: i64, limit: i64| {
+        let mut c = d.controller();
+        let req = csi::ControllerExpandVolumeRequest {
+            volume_id: id.to_owned(),
+            capacity_range: Some(range(required, limit)),
+            volume_capability: Some(fs_cap("ext4")),
+            ..Default::default()
+        };
+        async move { c.controller_expand_volume(req).await }
+    };
+    let node = |required: i64, limit: i64| {
+        let mut n = d.node();
+        let req = csi::NodeExpandVolumeRequest {
+            volume_id: id.to_owned(),
+            volume_path: path_str(&target),
+            staging_target_path: path_str(&staging),
+            capacity_range: Some(range(required, limit)),
+            volume_capability: Some(fs_cap("ext4")),
+            ..Default::default()
+        };
+        async move { n.node_expand_volume(req).await }
+    };
+
+    // ControllerExpandVolume: too large refused, the LV unchanged; lower OK.
+    let free = d.capacity(None).await.available_capacity;
+    let e = assert_code(
+        "ControllerExpandVolume beyond the free space",
+        controller(size + free + f.extent(), 0).await,
+        Code::OutOfRange,
+    );
+    assert!(e.message().contains("ask for at most"), "{}", e.message());
+    assert_eq!(f.lv_size(id), size, "a refused expansion changed the LV");
+    let r = ok("ControllerExpandVolume lower", controller(lower, 0).await);
+    assert_eq!((r.capacity_bytes, r.node_expansion_required), (lower, true));
+
+    // NodeExpandVolume of growth the pool has no room for: OUT_OF_RANGE
+    // (kubelet: infeasible), the LV and the filesystem unchanged.
+    let room = f.promise_room();
+    let too_large = size + room + f.extent();
+    assert!(
+        too_large <= f.ever(),
+        "the filler must leave the request below what the pool could ever hold"
+    );
+    let e = assert_code(
+        "NodeExpandVolume beyond the room",
+        node(too_large, 0).await,
+        Code::OutOfRange,
+    );
+    let most = format!("ask for at most {} bytes", size + room);
+    assert!(
+        e.message().contains(&most),
+        "{most:?} not in {}",
+        e.message()
+    );
+    assert_eq!(
+        f.lv_size(id),
+        size,
+        "a refused NodeExpandVolume changed the LV"
+    );
+    assert_eq!(
+        fs_total(&target),
+        fs_before,
+        "a refused NodeExpandVolume grew the filesystem"
+    );
+
+    // The lowered request fits: done, and again on a repeat.
+    for round in ["lower", "lower again"] {
+        let r = ok(&format!("NodeExpandVolume {round}"), node(lower, 0).await);
+        assert_eq!(r.capacity_bytes, lower, "{round}");
+        assert_eq!(f.lv_size(id), lower, "{round}");
+        assert!(
+            fs_total(&target) >= fs_before + 48 * MI,
+            "{round}: the filesystem did not grow"
+        );
+    }
+    let fs_grown = fs_total(&target);
+
+    // Below the current size: OK with the current size, nothing shrinks;
+    // a limit below it cannot be met without shrinking: OUT_OF_RANGE.
+    let r = ok("ControllerExpandVolume below", controller(size, 0).await);
+    assert_eq!(r.capacity_bytes, lower);
+    let r = ok("NodeExpandVolume below", node(size, 0).await);
+    assert_eq!(r.capacity_bytes, lower);
+    assert_code(
+        "ControllerExpandVolume limit below",
+        controller(size, size).await,
+        Code::OutOfRange,
+    );
+    assert_code(
+        "NodeExpandVolume limit below",
+        node(size, size).await,
+        Code::OutOfRange,
+    );
+    assert_eq!(
+        f.lv_size(id),
+        lower,
+        "a request below the current size changed the LV"
+    );
+    assert_eq!(
+        fs_total(&target),
+        fs_grown,
+        "a request below the current size changed the filesystem"
+    );
+    assert_file(&target, "data", b"still here");
+
+    d.unpublish(id, &target).await;
+    d.unstage(id, &staging).await;
+    d.delete(id).await;
+    d.delete(&filler.volume_id).await;
+}
+
+/// The StorageClass's `format.*` parameters reach mkfs: by default an XFS
+/// volume has `nrext64=0` (mountable by kernels before 5.19, whatever the
+/// image's mkfs.xfs defaults to); a class may turn it on and reflink off
+/// (checked with `xfs_info`), or turn ext4's metadata_csum off (checked with
+/// `dumpe2fs`). Options of another filesystem, a bad value, or a volume
+/// context tampered with before NodeStage are INVALID_ARGUMENT, nothing
+/// formatted; a raw block volume of such a class is created, the options
+/// not carried.
+async fn format_options(kind: Kind) {
+    require_root();
+    let f = Fx::new(kind).await;
+    let d = &f.d;
+    let with = |name: &str, size: i64, cap: csi::VolumeCapability, params: &[(&str, &str)]| {
+        let mut req = sized(name, size, 0, cap);
+        req.parameters = params
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+        req
+    };
+    let stage_ctx = |v: &csi::Volume, fs: &str| {
+        let mut req = stage_req(
+            &v.volume_id,
+            &d.staging_path(&v.volume_id.replace('.', "-")),
+        );
+        req.volume_capability = Some(fs_cap(fs));
+        req.volume_context = v.volume_context.clone();
+        req
+    };
+    let staged_fs = |v: &csi::Volume, fs: &str, tool: &str| {
+        let dev = f.dev(&v.volume_id);
+        let out = match tool {
+            "xfs_db" => Command::new("xfs_db")
+                .args(["-r", "-c", "info"])
+                .arg(&dev)
+                .output(),
+            _ => Command::new("dumpe2fs").arg("-h").arg(&dev).output(),
+        }
+        .unwrap_or_else(|e| panic!("{tool}: {e}"));
+        assert!(out.status.success(), "{tool} {fs}: {out:?}");
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    let mut cases = vec![];
+    for (name, fs, params, want, unwanted) in [
+        (
+            "fmt-default",
+            "xfs",
+            vec![],
+            vec!["nrext64=0"],
+            vec!["nrext64=1"],
+        ),
+        (
+            "fmt-xfs",
+            "xfs",
+            vec![
+                ("format.xfs.nrext64", "true"),
+                ("format.xfs.reflink", "false"),
+            ],
+            vec!["nrext64=1", "reflink=0"],
+            vec!["nrext64=0", "reflink=1"],
+        ),
+        (
+            "fmt-ext4",
+            "ext4",
+            vec![("format.ext4.features", "^metadata_csum")],
+            vec!["extent"],
+            vec!["metadata_csum"],
+        ),
+    ] {
+        let size = if fs == "xfs" { XFS_SIZE } else { 64 * MI };
+        let v = must(name, f.create(with(name, size, fs_cap(fs), &params)).await);
+        for (k, val) in &params {
+            assert_eq!(
+                v.volume_context.get(*k).map(String::as_str),
+                Some(*val),
+                "{name}: {:?}",
+                v.volume_context
+            );
+        }
+        must(
+            &format!("stage {name}"),
+            d.node()
+                .node_stage_volume(stage_ctx(&v, fs))
+                .await
+                .map(Response::into_inner),
+        );
+        let info = staged_fs(&v, fs, if fs == "xfs" { "xfs_db" } else { "dumpe2fs" });
+        let features = match fs {
+            "xfs" => info.clone(),
+            _ => info
+                .lines()
+                .find(|l| l.starts_with("Filesystem features:"))
+                .unwrap_or_else(|| panic!("{name}: no features in {info}"))
+                .to_owned(),
+        };
+        let words: Vec<&str> = features
+            .split(|c: char| c.is_whitespace() || c == ',')
+            .collect();
+        for w in want {
+            assert!(words.contains(&w), "{name}: {w} not in {features}");
+        }
+        for w in unwanted {
+            assert!(!words.contains(&w), "{name}: {w} in {features}");
+        }
+        cases.push((v, fs));
+    }
+
+    let ia = Code::InvalidArgument;
+    for (what, fs, params) in [
+        (
+            "xfs options on ext4",
+            "ext4",
+            vec![("format.xfs.nrext64", "false")],
+        ),
+        (
+            "ext4 options on xfs",
+            "xfs",
+            vec![("format.ext4.features", "^orphan_file")],
+        ),
+        ("a bad value", "xfs", vec![("format.xfs.nrext64", "0")]),
+        (
+            "an unknown option",
+            "xfs",
+            vec![("format.xfs.crc", "false")],
+        ),
+        (
+            "a feature not allowed",
+            "ext4",
+            vec![("format.ext4.features", "^has_journal")],
+        ),
+    ] {
+        let size = if fs == "xfs" { XFS_SIZE } else { 64 * MI };
+        assert_code(
+            what,
+            d.controller()
+                .create_volume(with("fmt-bad", size, fs_cap(fs), &params))
+                .await,
+            ia,
+        );
+        assert!(f.lvs_named("fmt-bad").is_empty(), "{what}: an LV was made");
+    }
+    // A block claim of a class with format options: nothing to format, the
+    // options are not carried.
+    let b = must(
+        "block with options",
+        f.create(with(
+            "fmt-blk",
+            16 * MI,
+            blk(),
+            &[("format.xfs.nrext64", "false")],
+        ))
+        .await,
+    );
+    assert!(
+        !b.volume_context.keys().any(|k| k.starts_with("format.")),
+        "{:?}",
+        b.volume_context
+    );
+    d.delete(&b.volume_id).await;
+
+    // NodeStage decodes the context again: a bad value or options of
+    // another filesystem are refused before anything is formatted.
+    let fresh = must(
+        "fresh",
+        f.create(with("fmt-fresh", XFS_SIZE, fs_cap("xfs"), &[]))
+            .await,
+    );
+    for (what, fs, k, v) in [
+        ("bad value", "xfs", "format.xfs.nrext64", "yes"),
+        ("other filesystem", "xfs", "format.ext4.features", "64bit"),
+        ("unknown", "xfs", "format.xfs.rmapbt", "true"),
+    ] {
+        let mut req = stage_ctx(&fresh, fs);
+        req.volume_context.insert(k.to_owned(), v.to_owned());
+        assert_code(
+            &format!("NodeStage {what}"),
+            d.node().node_stage_volume(req).await,
+            ia,
+        );
+        assert_eq!(
+            blkid(&f.dev(&fresh.volume_id), "TYPE"),
+            None,
+            "NodeStage {what} formatted the device"
+        );
+    }
+    d.delete(&fresh.volume_id).await;
+
+    for (v, _) in cases {
+        d.unstage(
+            &v.volume_id,
+            &d.staging_path(&v.volume_id.replace('.', "-")),
+        )
+        .await;
+        d.delete(&v.volume_id).await;
+    }
 }
 
 /// A staged and published filesystem grows by 64 MiB: the controller leaves

@@ -171,6 +171,7 @@ fn stage_req(root: &Path, key: Option<Key>) -> Stage {
     Stage {
         staging: staging(root),
         fs_type: None,
+        format: Default::default(),
         mount: MountOptions::default(),
         key,
     }

@@ -543,11 +543,14 @@ impl Pool for DirPool {
                 });
             }
             if delta > free {
-                return Err(PoolError::NoSpace {
-                    what: format!("expanding {id}"),
-                    bytes: delta,
+                return Err(PoolError::NoRoomToGrow {
+                    id: id.to_string(),
+                    size: current.size_bytes,
+                    bytes: new_size,
+                    growth: delta,
                     pool: self.name.clone(),
                     free,
+                    most: current.size_bytes + free,
                 });
             }
             st.reserved.insert(key.clone(), (delta, None));

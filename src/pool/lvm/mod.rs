@@ -638,7 +638,25 @@ impl Pool for LvmPool {
             )));
         }
         if size > lv.size {
-            self.grow_lv(&lv, size, &format!("expanding {id}")).await?;
+            // The LV is unchanged when the growth does not fit; a lower
+            // request that fits succeeds later (expansion-failure recovery).
+            match self.grow_lv(&lv, size, &format!("expanding {id}")).await {
+                Ok(()) => {}
+                // grow_lv compares the whole new size with what the LV may
+                // become (its size plus the room left).
+                Err(PoolError::NoSpace { free, pool, .. }) => {
+                    return Err(PoolError::NoRoomToGrow {
+                        id: id.to_string(),
+                        size: lv.size,
+                        bytes: size,
+                        growth: size - lv.size,
+                        pool,
+                        free: free.saturating_sub(lv.size),
+                        most: free,
+                    })
+                }
+                Err(e) => return Err(e),
+            }
             self.index.forget(&lv.name);
         }
         Ok(Expanded {

@@ -8,7 +8,7 @@ use tonic::Status;
 
 use super::super::status::Refusal;
 use super::super::{to_i64, Capability, Result};
-use crate::blockdev::FsType;
+use crate::blockdev::{FormatOptions, FsType, FORMAT_PREFIX};
 use crate::csi;
 use crate::ids::{truncate, ParsedId, VolumeId};
 use crate::iolimit::{IoChange, IoLimits};
@@ -216,6 +216,40 @@ pub(super) fn fit_filesystem(
         required: min,
         ..range
     })
+}
+
+/// The class's format options for a new volume of `pool`, as volume-context
+/// entries for NodeStageVolume: INVALID_ARGUMENT when the pool makes no
+/// filesystems (dir pools) or the options are for another filesystem than
+/// the volume's (the capability's fsType, else the pool's default). A raw
+/// block volume has no filesystem: the options do not apply and are not
+/// carried, so that one class may serve block and filesystem claims.
+pub(super) fn format_context(
+    opts: &FormatOptions,
+    caps: &[Capability],
+    access: AccessType,
+    pool: &dyn Pool,
+) -> Result<Vec<(String, String)>> {
+    if opts.is_empty() {
+        return Ok(vec![]);
+    }
+    let Some(default) = pool.default_fs_type() else {
+        return Err(Status::invalid_argument(format!(
+            "{FORMAT_PREFIX}* parameters apply to pools that format their volumes (LVM); pool {} is {}",
+            pool.name(),
+            pool.backend()
+        )));
+    };
+    if access != AccessType::Mount {
+        return Ok(vec![]);
+    }
+    let fs = match caps[0].fs_type.as_str() {
+        "" => default,
+        t => FsType::parse(t)?,
+    };
+    opts.check_for(fs)
+        .map_err(|e| Status::invalid_argument(e.to_string()))?;
+    Ok(opts.to_context())
 }
 
 /// One access type for the whole request, supported by the pool.

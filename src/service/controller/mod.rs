@@ -215,6 +215,7 @@ impl csi::controller_server::Controller for ControllerService {
             }
             refuse_io_limits(pool.as_ref(), &io_limits)?;
             let access_type = access_type_of(&caps, pool.as_ref())?;
+            let format = format_context(&params.format, &caps, access_type, pool.as_ref())?;
             let range = fit_filesystem(
                 range,
                 &caps,
@@ -254,6 +255,7 @@ impl csi::controller_server::Controller for ControllerService {
                 .await?;
             let mut volume = self.to_csi(&vol);
             volume.content_source = req.volume_content_source.clone();
+            volume.volume_context.extend(format);
             Ok(csi::CreateVolumeResponse {
                 volume: Some(volume),
             })
