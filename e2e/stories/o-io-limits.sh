@@ -55,7 +55,8 @@ EOF
 # clock: busybox time).
 rate() {
     local secs
-    secs=$(kn exec io -- sh -c 'time -f %e dd if=/dev/zero of=/data/f bs=1M count=32 oflag=direct conv=notrunc 2>/dev/null' 2>&1 | tail -1)
+    # time's own report goes to stderr: only dd's is dropped (in the inner shell).
+    secs=$(kn exec io -- time -f %e sh -c 'dd if=/dev/zero of=/data/f bs=1M count=32 oflag=direct conv=notrunc 2>/dev/null' 2>&1 | tail -1)
     python3 -c "import sys; print(round(32 / float(sys.argv[1]), 2))" "$secs" 2>/dev/null ||
         fail "could not time a write in the pod: $secs"
 }
