@@ -1138,6 +1138,10 @@ async fn controller_get_capabilities() {
         Rpc::GetCapacity as i32,
         Rpc::SingleNodeMultiWriter as i32,
         Rpc::ExpandVolume as i32,
+        // Always advertised, like EXPAND_VOLUME: the central external-resizer
+        // may run on a node with dir pools only and still has to modify the
+        // LVM volumes of other nodes.
+        Rpc::ModifyVolume as i32,
     ];
     want.sort();
     assert_eq!(got, want, "{r:?}");
@@ -1149,7 +1153,6 @@ async fn controller_get_capabilities() {
         Rpc::ListSnapshots,
         Rpc::CloneVolume,
         Rpc::GetVolume,
-        Rpc::ModifyVolume,
     ] {
         assert!(!got.contains(&(absent as i32)), "{absent:?} advertised");
     }
@@ -1215,15 +1218,6 @@ async fn unimplemented_rpcs() {
         .await,
         u,
     );
-    assert_code(
-        "ControllerModifyVolume",
-        c.controller_modify_volume(csi::ControllerModifyVolumeRequest {
-            volume_id: id.clone(),
-            ..Default::default()
-        })
-        .await,
-        u,
-    );
     // The group controller service is not served at all.
     let ch = d.endpoint.connect().await.unwrap();
     let mut g = csi::group_controller_client::GroupControllerClient::new(ch);
@@ -1235,4 +1229,54 @@ async fn unimplemented_rpcs() {
     );
     // None of that touched the volume.
     assert_eq!(d.list_all().await.len(), 1);
+}
+
+/// ControllerModifyVolume on a node with a dir pool and no cluster: no
+/// parameters is a no-op for a volume that exists; IO limits are refused
+/// (a dir volume is not a block device `io.max` can name) before anything
+/// is recorded; a volume nobody has is NOT_FOUND.
+#[tokio::test]
+async fn modify_volume_on_a_dir_pool() {
+    let d = Driver::start_default().await;
+    let v = d.create("v", 0).await;
+    let mut c = d.controller();
+    let modify = |id: &str, kv: &[(&str, &str)]| csi::ControllerModifyVolumeRequest {
+        volume_id: id.into(),
+        mutable_parameters: kv
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect(),
+        ..Default::default()
+    };
+    c.controller_modify_volume(modify(&v.volume_id, &[]))
+        .await
+        .expect("ControllerModifyVolume without parameters");
+    let e = assert_code(
+        "IO limits on a dir volume",
+        c.controller_modify_volume(modify(&v.volume_id, &[("readIOPS", "100")]))
+            .await,
+        Code::InvalidArgument,
+    );
+    assert!(e.message().contains("readIOPS"), "{e:?}");
+    assert_code(
+        "unknown parameter",
+        c.controller_modify_volume(modify(&v.volume_id, &[("iops", "1")]))
+            .await,
+        Code::InvalidArgument,
+    );
+    for (what, id) in [
+        ("missing volume", "default.0123456789abcdef0123456789abcdef"),
+        ("foreign id", "no-such-volume"),
+    ] {
+        assert_code(
+            what,
+            c.controller_modify_volume(modify(id, &[])).await,
+            Code::NotFound,
+        );
+    }
+    assert_code(
+        "empty id",
+        c.controller_modify_volume(modify("", &[])).await,
+        Code::InvalidArgument,
+    );
 }
