@@ -740,8 +740,10 @@ async fn capacity_is_free_space_less_unused_quota_and_reserve() {
                 .await,
             Code::ResourceExhausted,
         );
-        // Expansion is held to the same account.
-        assert_code(
+        // Expansion is held to the same account. Growth that does not fit
+        // is OUT_OF_RANGE (Kubernetes then lets the user lower the request),
+        // and the message says how far it could go.
+        let e = assert_code(
             "growing b by 2 MiB",
             q.d.controller()
                 .controller_expand_volume(csi::ControllerExpandVolumeRequest {
@@ -750,8 +752,9 @@ async fn capacity_is_free_space_less_unused_quota_and_reserve() {
                     ..Default::default()
                 })
                 .await,
-            Code::ResourceExhausted,
+            Code::OutOfRange,
         );
+        assert!(e.message().contains("ask for at most"), "{e:?}");
     })
     .await;
 }
