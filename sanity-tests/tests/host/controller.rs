@@ -1242,10 +1242,7 @@ async fn modify_volume_on_a_dir_pool() {
     let mut c = d.controller();
     let modify = |id: &str, kv: &[(&str, &str)]| csi::ControllerModifyVolumeRequest {
         volume_id: id.into(),
-        mutable_parameters: kv
-            .iter()
-            .map(|(k, v)| (k.to_string(), v.to_string()))
-            .collect(),
+        mutable_parameters: params(kv),
         ..Default::default()
     };
     c.controller_modify_volume(modify(&v.volume_id, &[]))
