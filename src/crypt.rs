@@ -17,6 +17,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::blockdev::{self, Content};
 use crate::command::{Cmd, CommandError};
+use crate::dm::{self, Deps, DevNum};
 use crate::error::{IoContext, IoError};
 
 /// The NodeStageVolume secret (`csi.storage.k8s.io/node-stage-secret-*` in the
@@ -186,51 +187,87 @@ pub fn open_command(dev: &Path, name: &str, key: &Key) -> Cmd {
         .timeout(CRYPTSETUP_TIMEOUT)
 }
 
-/// A block device's number (`major:minor`), as sysfs names it. Blocking.
-pub fn device_number(dev: &Path) -> Result<String> {
+/// A block device's number. Blocking.
+fn dev_num(dev: &Path) -> Result<DevNum> {
     use std::os::unix::fs::MetadataExt;
     let (_, md) = crate::mount::block_device(dev)?;
-    Ok(format!(
-        "{}:{}",
-        libc::major(md.rdev()),
-        libc::minor(md.rdev())
-    ))
+    Ok(DevNum::from_encoded(md.rdev()))
 }
 
-/// The number (`major:minor`) of the device an open mapping is on, from
-/// sysfs (`/sys/dev/block/<mapping>/slaves/*/dev`); None when no mapping of
-/// that name exists, or when it maps nothing (a device a killed `cryptsetup
-/// open` left without its table: see [`ensure_open`]). Device numbers,
-/// not names: `/dev/mapper` entries are symlinks under udev and device
-/// nodes without it. Blocking.
+/// The number (`major:minor`) of the device an open mapping is on, as the
+/// kernel knows the mapping by name; None when no mapping of that name
+/// exists, or when it maps nothing (a device a killed `cryptsetup open` left
+/// without its table: see [`ensure_open`]). Never from the `/dev/mapper`
+/// node: see [`crate::dm::deps`]. Blocking.
 pub fn mapped_device(name: &str) -> Result<Option<String>> {
+    Ok(mapping(name)?.and_then(|d| d.below.first().map(|n| n.to_string())))
+}
+
+fn mapping(name: &str) -> Result<Option<Deps>> {
+    Ok(dm::deps(name).ctx(|| format!("asking device-mapper for {name}"))?)
+}
+
+/// Makes `/dev/mapper/<name>` the node of device `dev` (the kernel's device
+/// of that name) when it is missing or names another device: what a
+/// `cryptsetup` cut short or outlived by a killed driver can leave. Without
+/// this, mounting the mapping's path could mount another volume's mapping
+/// that was given the stale node's minor. Blocking.
+fn ensure_node(name: &str, dev: DevNum) -> Result<()> {
+    use nix::sys::stat::{mknod, Mode, SFlag};
+    use std::os::unix::fs::{FileTypeExt, MetadataExt};
     let path = mapping_path(name);
-    let mapping = match device_number(&path) {
-        Ok(n) => n,
-        Err(CryptError::Mount(crate::mount::MountError::DeviceMissing { .. })) => return Ok(None),
-        Err(e) => return Err(e),
+    let found = match std::fs::metadata(&path) {
+        Ok(md) if md.file_type().is_block_device() && md.rdev() == dev.encoded() => return Ok(()),
+        Ok(md) if md.file_type().is_block_device() => DevNum::from_encoded(md.rdev()).to_string(),
+        Ok(_) => "not a block device".to_owned(),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => "missing".to_owned(),
+        Err(e) => return Err(IoError::new(format!("reading {path:?}"), e).into()),
     };
-    // A node whose device is gone (removed by a `dmsetup remove` that
-    // outlived a killed driver, with no udev to remove the node) has no
-    // sysfs entry: no mapping. So for an entry that vanishes while read.
-    let gone = |e: &std::io::Error| e.kind() == std::io::ErrorKind::NotFound;
-    let slaves = PathBuf::from(format!("/sys/dev/block/{mapping}/slaves"));
-    let mut below = match std::fs::read_dir(&slaves) {
-        Err(e) if gone(&e) => return Ok(None),
-        r => r.ctx(|| format!("reading {slaves:?}"))?,
-    };
-    let Some(entry) = below.next() else {
-        return Ok(None);
-    };
-    let dev = entry
-        .ctx(|| format!("reading {slaves:?}"))?
-        .path()
-        .join("dev");
-    let number = match std::fs::read_to_string(&dev) {
-        Err(e) if gone(&e) => return Ok(None),
-        r => r.ctx(|| format!("reading {dev:?}"))?,
-    };
-    Ok(Some(number.trim().to_owned()))
+    tracing::warn!(
+        mapping = name,
+        found,
+        device = %dev,
+        "the mapping's /dev/mapper node did not name its device; making it again"
+    );
+    match std::fs::remove_file(&path) {
+        Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+            return Err(IoError::new(format!("removing {path:?}"), e).into())
+        }
+        _ => {}
+    }
+    mknod(
+        &path,
+        SFlag::S_IFBLK,
+        Mode::from_bits_truncate(0o600),
+        dev.encoded(),
+    )
+    .map_err(|e| IoError::new(format!("making {path:?}"), std::io::Error::from(e)))?;
+    Ok(())
+}
+
+/// The mapping `name` as it must be once open on `want`: its live table maps
+/// `want` and nothing else, and its node names it. Blocking.
+fn verify_open(name: &str, want: DevNum) -> Result<PathBuf> {
+    match mapping(name)? {
+        Some(d) if d.below == [want] => {
+            ensure_node(name, d.dev)?;
+            Ok(mapping_path(name))
+        }
+        found => Err(CryptError::NameTaken {
+            name: name.to_owned(),
+            found: match found {
+                Some(d) if !d.below.is_empty() => d
+                    .below
+                    .iter()
+                    .map(DevNum::to_string)
+                    .collect::<Vec<_>>()
+                    .join(","),
+                Some(_) => "nothing (no live table)".to_owned(),
+                None => "nothing (no such mapping)".to_owned(),
+            },
+            want: want.to_string(),
+        }),
+    }
 }
 
 /// Makes sure `backing` is open as `name`, and returns the mapping's path.
@@ -249,20 +286,11 @@ pub fn mapped_device(name: &str) -> Result<Option<String>> {
 ///   on the LV is refused as ever.
 pub async fn ensure_open(backing: &Path, name: &str, key: &Key, fresh: bool) -> Result<PathBuf> {
     let (b, n) = (backing.to_path_buf(), name.to_owned());
-    let (mapped, want) = crate::error::blocking(move || -> Result<_> {
-        Ok((mapped_device(&n)?, device_number(&b)?))
-    })
-    .await?;
-    match mapped {
-        Some(found) if found == want => return Ok(mapping_path(name)),
-        Some(found) => {
-            return Err(CryptError::NameTaken {
-                name: name.to_owned(),
-                found,
-                want,
-            })
-        }
-        None => {}
+    let (mapped, want) =
+        crate::error::blocking(move || -> Result<_> { Ok((mapping(&n)?, dev_num(&b)?)) }).await?;
+    if mapped.is_some_and(|d| !d.below.is_empty()) {
+        // Open already (or taken by another device: refused).
+        return verified(name, want).await;
     }
     match blockdev::probe(backing).await? {
         Content::Empty => format(backing, key).await?,
@@ -275,7 +303,10 @@ pub async fn ensure_open(backing: &Path, name: &str, key: &Key, fresh: bool) -> 
                 )
                 .await?
             }
-            opened => return opened,
+            opened => {
+                opened?;
+                return verified(name, want).await;
+            }
         },
         Content::Other(what) if fresh => reformat(backing, key, &what).await?,
         Content::Filesystem(t) => {
@@ -291,7 +322,13 @@ pub async fn ensure_open(backing: &Path, name: &str, key: &Key, fresh: bool) -> 
             })
         }
     }
-    open(backing, name, key).await
+    open(backing, name, key).await?;
+    verified(name, want).await
+}
+
+async fn verified(name: &str, want: DevNum) -> Result<PathBuf> {
+    let n = name.to_owned();
+    crate::error::blocking(move || verify_open(&n, want)).await
 }
 
 /// `luksFormat` of a blank device (exit code 5: another process holds it).
@@ -377,24 +414,30 @@ pub async fn resize(name: &str) -> Result<()> {
 /// anywhere is [`CryptError::InUse`] (a bind does not hold the device open,
 /// so `cryptsetup close` alone would not see it).
 pub async fn close(name: &str) -> Result<()> {
-    let path = mapping_path(name);
+    let (path, n) = (mapping_path(name), name.to_owned());
     let mounted = crate::error::blocking(move || -> Result<Option<PathBuf>> {
         use std::os::unix::fs::MetadataExt;
-        let (real, md) = match crate::mount::block_device(&path) {
-            Ok(found) => found,
-            Err(crate::mount::MountError::DeviceMissing { .. }) => return Ok(None),
-            Err(e) => return Err(e.into()),
+        // The kernel's device of that name, never the node's (it may be stale).
+        let Some(d) = mapping(&n)? else {
+            return Ok(None);
         };
         let table = crate::mount::MountTable::read()?;
         let fs = crate::mount::Location {
-            dev: format!("{}:{}", libc::major(md.rdev()), libc::minor(md.rdev())),
+            dev: d.dev.to_string(),
             root: PathBuf::from("/"),
         };
-        let node = table.locate(&real);
-        let at = table.mounts_of(&fs).next().or_else(|| {
-            node.as_ref()
-                .and_then(|n| table.mounts_of(n).find(|m| m.root == n.root))
-        });
+        if let Some(m) = table.mounts_of(&fs).next() {
+            return Ok(Some(m.mount_point.clone()));
+        }
+        // A raw block volume's pods have the node itself bound.
+        let node = match crate::mount::block_device(&path) {
+            Ok((real, md)) if md.rdev() == d.dev.encoded() => table.locate(&real),
+            Ok(_) | Err(crate::mount::MountError::DeviceMissing { .. }) => None,
+            Err(e) => return Err(e.into()),
+        };
+        let at = node
+            .as_ref()
+            .and_then(|n| table.mounts_of(n).find(|m| m.root == n.root));
         Ok(at.map(|m| m.mount_point.clone()))
     })
     .await?;

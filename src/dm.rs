@@ -1,6 +1,6 @@
 //! Device-mapper state read from the kernel, without running a process: one
 //! `DM_TABLE_STATUS` ioctl on `/dev/mapper/control` gives what `dmsetup
-//! status NAME` prints. The kernel's mapping of an active LV is as much the
+//! status NAME` prints, one `DM_TABLE_DEPS` what `dmsetup deps NAME` does. The kernel's mapping of an active LV is as much the
 //! node's ground truth as lvm's metadata: an LV is active exactly when its
 //! mapping exists, and a thin pool's usage is what its `thin-pool` target
 //! reports (lvm's Data% and Meta% are computed from the same status).
@@ -14,6 +14,8 @@ const HEADER: usize = 312;
 const SPEC: usize = 40;
 const NAME_LEN: usize = 128;
 const UUID_LEN: usize = 129;
+/// `DM_TABLE_DEPS_CMD`.
+const TABLE_DEPS: u8 = 11;
 /// `DM_TABLE_STATUS_CMD`.
 const TABLE_STATUS: u8 = 12;
 /// Set by the kernel when the answer did not fit the buffer.
@@ -23,6 +25,8 @@ const SUSPEND_FLAG: u32 = 1 << 1;
 
 /// `DM_TABLE_STATUS`: `_IOWR(0xfd, 12, struct dm_ioctl)`.
 const TABLE_STATUS_IOCTL: libc::c_ulong = nix::request_code_readwrite!(0xfd, TABLE_STATUS, HEADER);
+/// `DM_TABLE_DEPS`: `_IOWR(0xfd, 11, struct dm_ioctl)`.
+const TABLE_DEPS_IOCTL: libc::c_ulong = nix::request_code_readwrite!(0xfd, TABLE_DEPS, HEADER);
 
 /// The mapping's name lvm gives an LV: VG and LV names with every `-`
 /// doubled, joined by `-` (`vg0/lv-a` is `vg0-lv--a`).
@@ -58,6 +62,78 @@ impl Status {
 
 /// The status of the mapping `name` (None: there is none).
 pub fn status(name: &str) -> std::io::Result<Option<Status>> {
+    let Some(buf) = call(TABLE_STATUS_IOCTL, name)? else {
+        return Ok(None);
+    };
+    parse(&buf)
+        .map(Some)
+        .ok_or_else(|| malformed("status", name))
+}
+
+/// A device number as the kernel writes it in a `dm_ioctl` answer
+/// (`huge_encode_dev`, the encoding of glibc's `makedev`): `major:minor`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct DevNum {
+    pub major: u32,
+    pub minor: u32,
+}
+
+impl DevNum {
+    pub fn from_encoded(dev: u64) -> Self {
+        DevNum {
+            major: libc::major(dev as libc::dev_t),
+            minor: libc::minor(dev as libc::dev_t),
+        }
+    }
+
+    pub fn encoded(self) -> libc::dev_t {
+        libc::makedev(self.major, self.minor)
+    }
+}
+
+impl std::fmt::Display for DevNum {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}:{}", self.major, self.minor)
+    }
+}
+
+/// The mapping `name` as the kernel knows it, by name: its own device number
+/// and the devices its live table maps (none while it has no live table:
+/// created, but its table never loaded or never resumed).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Deps {
+    pub dev: DevNum,
+    pub below: Vec<DevNum>,
+}
+
+/// `dmsetup deps NAME` without a process (None: no mapping of that name). A
+/// `/dev/mapper` node can outlive its device, or be made for a device that
+/// was removed again (a `cryptsetup` that outlived a killed driver does its
+/// node work last), and its minor can then belong to another mapping: only
+/// the kernel's answer by name says which device a name is.
+pub fn deps(name: &str) -> std::io::Result<Option<Deps>> {
+    let buf = match call(TABLE_DEPS_IOCTL, name) {
+        Ok(Some(buf)) => buf,
+        Ok(None) => return Ok(None),
+        // No device-mapper on this node (no control node): no mapping either.
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+        Err(e) => return Err(e),
+    };
+    parse_deps(&buf)
+        .map(Some)
+        .ok_or_else(|| malformed("deps", name))
+}
+
+fn malformed(what: &str, name: &str) -> std::io::Error {
+    std::io::Error::new(
+        std::io::ErrorKind::InvalidData,
+        format!("device-mapper {what} of {name}: malformed answer"),
+    )
+}
+
+/// One dm ioctl `request` about the mapping `name`, with a buffer grown
+/// until the answer fits (None: no mapping of that name).
+fn call(request_code: libc::c_ulong, name: &str) -> std::io::Result<Option<Vec<u8>>> {
     if name.len() >= NAME_LEN {
         return Ok(None);
     }
@@ -68,7 +144,7 @@ pub fn status(name: &str) -> std::io::Result<Option<Status>> {
         // SAFETY: buf is a dm_ioctl header followed by its data area, and
         // data_size (set by `request`) is the buffer's length: the kernel
         // writes no further.
-        let res = unsafe { libc::ioctl(control.as_raw_fd(), TABLE_STATUS_IOCTL, buf.as_mut_ptr()) };
+        let res = unsafe { libc::ioctl(control.as_raw_fd(), request_code, buf.as_mut_ptr()) };
         if res < 0 {
             let e = std::io::Error::last_os_error();
             if e.raw_os_error() == Some(libc::ENXIO) {
@@ -80,13 +156,31 @@ pub fn status(name: &str) -> std::io::Result<Option<Status>> {
             size *= 4;
             continue;
         }
-        return parse(&buf).map(Some).ok_or_else(|| {
-            std::io::Error::new(
-                std::io::ErrorKind::InvalidData,
-                format!("device-mapper status of {name}: malformed answer"),
-            )
-        });
+        return Ok(Some(buf));
     }
+}
+
+/// A `DM_TABLE_DEPS` answer: the header's `dev`, then at `data_start` a
+/// `struct dm_target_deps` (`count`, padding, `count` device numbers). With
+/// no live table the kernel writes no data area: the request's zeros read
+/// as none.
+fn parse_deps(b: &[u8]) -> Option<Deps> {
+    if b.len() < HEADER {
+        return None;
+    }
+    let at = u32_at(b, 16) as usize;
+    let count = u32_at(b.get(at..at + 8)?, 0) as usize;
+    let below = (0..count)
+        .map(|i| {
+            let from = at + 8 + i * 8;
+            b.get(from..from + 8)
+                .map(|d| DevNum::from_encoded(u64_at(d, 0)))
+        })
+        .collect::<Option<Vec<_>>>()?;
+    Some(Deps {
+        dev: DevNum::from_encoded(u64_at(b, 40)),
+        below,
+    })
 }
 
 /// A `DM_TABLE_STATUS` request for `name` in a buffer of `size` bytes.
@@ -256,6 +350,31 @@ mod tests {
         let r = request("vg0-lv--a", 4096);
         assert_eq!(u32_at(&r, 12), 4096);
         assert_eq!(cstr(&r, 48, NAME_LEN).unwrap(), "vg0-lv--a");
+    }
+
+    #[test]
+    fn a_deps_answer_is_read_back() {
+        let enc = |major: u32, minor: u32| libc::makedev(major, minor) as u64;
+        let mut b = vec![0u8; 1024];
+        b[16..20].copy_from_slice(&(HEADER as u32).to_ne_bytes());
+        b[40..48].copy_from_slice(&enc(254, 300).to_ne_bytes());
+        b[HEADER..HEADER + 4].copy_from_slice(&2u32.to_ne_bytes());
+        b[HEADER + 8..HEADER + 16].copy_from_slice(&enc(254, 1).to_ne_bytes());
+        b[HEADER + 16..HEADER + 24].copy_from_slice(&enc(8, 16).to_ne_bytes());
+        let d = parse_deps(&b).unwrap();
+        assert_eq!(d.dev.to_string(), "254:300");
+        assert_eq!(
+            d.below.iter().map(|n| n.to_string()).collect::<Vec<_>>(),
+            ["254:1", "8:16"]
+        );
+        assert_eq!(DevNum::from_encoded(d.dev.encoded() as u64), d.dev);
+        // No live table: the kernel leaves the data area as it was sent.
+        let mut none = request("localvol-x", 1024);
+        none[40..48].copy_from_slice(&enc(254, 7).to_ne_bytes());
+        assert_eq!(parse_deps(&none).unwrap().below, []);
+        // A count the buffer cannot hold is malformed, not a short list.
+        b[HEADER..HEADER + 4].copy_from_slice(&200u32.to_ne_bytes());
+        assert_eq!(parse_deps(&b), None);
     }
 
     #[test]

@@ -593,8 +593,9 @@ fn luks_format_then_cut_key_slots(dev: &Path) {
 /// name that the driver did not recognise as open (no `/dev/mapper` node, or
 /// no table yet), and every retried NodeStage failed with "Device ... already
 /// exists". The retried stage now closes such a half-made mapping and opens
-/// it again. Both half states, and a node whose device is gone, are made
-/// here by hand, on a thick pool.
+/// it again. Both half states, a node whose device is gone and a node whose
+/// number another volume's mapping now has, are made here by hand, on a
+/// thick pool.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "needs device-mapper: run by make test-vm in the VM"]
 async fn a_mapping_half_made_by_a_killed_open_is_replaced() {
@@ -667,6 +668,61 @@ async fn a_mapping_half_made_by_a_killed_open_is_replaced() {
     fx.d.unpublish(&id, &target).await;
     fx.d.unstage(&id, &fx.d.staging_path("d")).await;
     assert!(!mapping(&id).exists());
+
+    // 4. A stale node whose device number now belongs to ANOTHER volume's
+    // open mapping (CI's encrypted kill campaign: the retried stage read
+    // the node, found the other volume's LV below it and failed
+    // FAILED_PRECONDITION "maps device 254:2, not the volume's"; mounting
+    // that node would have handed this pod the other volume's data). The
+    // mapping is found by name in the kernel, and the node made again.
+    let other = must(
+        "create other",
+        fx.create(encrypted_req("enc-half-other", 64 * MI, ""))
+            .await,
+    )
+    .volume_id;
+    let other_target = mount(&fx, &other, "o", "").await;
+    fs::write(other_target.join("other"), b"the other volume").unwrap();
+    let other_rdev = {
+        use std::os::unix::fs::MetadataExt;
+        fs::metadata(mapping(&other)).unwrap().rdev()
+    };
+    let (major, minor) = (nix::libc::major(other_rdev), nix::libc::minor(other_rdev));
+    let made = Command::new("mknod")
+        .arg(mapping(&id))
+        .args(["b", &major.to_string(), &minor.to_string()])
+        .status()
+        .unwrap();
+    assert!(made.success(), "mknod of a node naming the other mapping");
+    let target = mount(&fx, &id, "e", "").await;
+    assert_marker_file(
+        &target,
+        "opened over a node naming another volume's mapping",
+    );
+    assert!(
+        !target.join("other").exists(),
+        "the stage mounted the other volume's mapping through the stale node"
+    );
+    assert_eq!(holders(&lv), 1, "one mapping over the LV");
+    assert_ne!(
+        {
+            use std::os::unix::fs::MetadataExt;
+            fs::metadata(mapping(&id)).unwrap().rdev()
+        },
+        other_rdev,
+        "the stale node was left naming the other volume's mapping"
+    );
+    fx.d.unpublish(&id, &target).await;
+    fx.d.unstage(&id, &fx.d.staging_path("e")).await;
+    assert!(!mapping(&id).exists());
+    assert_eq!(
+        fs::read(other_target.join("other")).unwrap(),
+        b"the other volume",
+        "the other volume's mount was disturbed"
+    );
+    fx.d.unpublish(&other, &other_target).await;
+    fx.d.unstage(&other, &fx.d.staging_path("o")).await;
+    must("delete other", fx.delete_volume(&other).await);
     must("delete", fx.delete_volume(&id).await);
     fx.assert_lv_gone(&id);
 }
