@@ -710,6 +710,50 @@ async fn list_volumes_pages() {
     assert_eq!(listed, (1..=7).map(|i| i * MI).collect::<Vec<_>>());
 }
 
+/// An answer holds at most 1,000 entries, whatever `max_entries` asks (0
+/// included): a node with many volumes never builds one huge answer, and
+/// `next_token` leads on to the rest (the spec lets a plugin answer fewer).
+#[tokio::test]
+async fn list_volumes_answers_are_capped_and_lead_on() {
+    const CAP: usize = 1000;
+    let d = Driver::start_default().await;
+    let mut created = BTreeSet::new();
+    for i in 0..CAP + 3 {
+        created.insert(d.create(&format!("many-{i}"), MI).await.volume_id);
+    }
+    for max in [0, CAP as i32 + 1, i32::MAX] {
+        let r = ok(
+            "ListVolumes",
+            d.controller()
+                .list_volumes(csi::ListVolumesRequest {
+                    max_entries: max,
+                    starting_token: String::new(),
+                })
+                .await,
+        );
+        assert_eq!(r.entries.len(), CAP, "max_entries {max}");
+        assert!(!r.next_token.is_empty(), "max_entries {max}: no next_token");
+        let rest = ok(
+            "ListVolumes",
+            d.controller()
+                .list_volumes(csi::ListVolumesRequest {
+                    max_entries: max,
+                    starting_token: r.next_token.clone(),
+                })
+                .await,
+        );
+        assert_eq!(rest.entries.len(), 3, "max_entries {max}");
+        assert!(rest.next_token.is_empty(), "max_entries {max}");
+    }
+    let listed: BTreeSet<String> = d
+        .list_all()
+        .await
+        .into_iter()
+        .map(|v| v.volume_id)
+        .collect();
+    assert_eq!(listed, created);
+}
+
 /// Pages are cut from the volumes of every pool in id order. `p1-x.` sorts
 /// before `p1.` (`-` before `.`), so the pools' ids do not simply follow
 /// their names; each page must still continue exactly where its token says,
