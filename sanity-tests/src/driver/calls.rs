@@ -81,17 +81,27 @@ impl Driver {
             .collect()
     }
 
+    /// One ListVolumes call: a page of at most `max_entries` from `token`.
+    pub async fn list_page(
+        &self,
+        max_entries: i32,
+        token: &str,
+    ) -> Result<tonic::Response<csi::ListVolumesResponse>, tonic::Status> {
+        self.controller()
+            .list_volumes(csi::ListVolumesRequest {
+                max_entries,
+                starting_token: token.to_owned(),
+            })
+            .await
+    }
+
     /// Every volume ListVolumes reports (following next_token).
     pub async fn list_all(&self) -> Vec<csi::Volume> {
         let mut out = Vec::new();
         let mut token = String::new();
         loop {
             let r = self
-                .controller()
-                .list_volumes(csi::ListVolumesRequest {
-                    max_entries: 0,
-                    starting_token: token,
-                })
+                .list_page(0, &token)
                 .await
                 .unwrap_or_else(|s| panic!("ListVolumes: {s:?}"))
                 .into_inner();

@@ -659,15 +659,7 @@ async fn list_volumes_pages() {
     let mut sizes = Vec::new();
     let mut token = String::new();
     loop {
-        let r = ok(
-            "ListVolumes",
-            d.controller()
-                .list_volumes(csi::ListVolumesRequest {
-                    max_entries: 3,
-                    starting_token: token.clone(),
-                })
-                .await,
-        );
+        let r = ok("ListVolumes", d.list_page(3, &token).await);
         sizes.push(r.entries.len());
         for e in &r.entries {
             let v = e.volume.as_ref().expect("entry without a volume");
@@ -687,15 +679,7 @@ async fn list_volumes_pages() {
 
     // No limit, or a limit above the count: everything, no token.
     for max in [0, 7, 100] {
-        let r = ok(
-            "ListVolumes",
-            d.controller()
-                .list_volumes(csi::ListVolumesRequest {
-                    max_entries: max,
-                    starting_token: String::new(),
-                })
-                .await,
-        );
+        let r = ok("ListVolumes", d.list_page(max, "").await);
         assert_eq!(r.entries.len(), 7, "max_entries {max}");
         assert!(r.next_token.is_empty(), "max_entries {max}");
     }
@@ -722,26 +706,10 @@ async fn list_volumes_answers_are_capped_and_lead_on() {
         created.insert(d.create(&format!("many-{i}"), MI).await.volume_id);
     }
     for max in [0, CAP as i32 + 1, i32::MAX] {
-        let r = ok(
-            "ListVolumes",
-            d.controller()
-                .list_volumes(csi::ListVolumesRequest {
-                    max_entries: max,
-                    starting_token: String::new(),
-                })
-                .await,
-        );
+        let r = ok("ListVolumes", d.list_page(max, "").await);
         assert_eq!(r.entries.len(), CAP, "max_entries {max}");
         assert!(!r.next_token.is_empty(), "max_entries {max}: no next_token");
-        let rest = ok(
-            "ListVolumes",
-            d.controller()
-                .list_volumes(csi::ListVolumesRequest {
-                    max_entries: max,
-                    starting_token: r.next_token.clone(),
-                })
-                .await,
-        );
+        let rest = ok("ListVolumes", d.list_page(max, &r.next_token).await);
         assert_eq!(rest.entries.len(), 3, "max_entries {max}");
         assert!(rest.next_token.is_empty(), "max_entries {max}");
     }
@@ -777,20 +745,10 @@ async fn list_volumes_pages_across_pools() {
         all.insert(v.volume.unwrap().volume_id);
     }
     let sorted: Vec<String> = all.iter().cloned().collect();
-    let list = |max: i32, token: String| {
-        let mut c = d.controller();
-        async move {
-            c.list_volumes(csi::ListVolumesRequest {
-                max_entries: max,
-                starting_token: token,
-            })
-            .await
-        }
-    };
     for max in 1..=12 {
         let (mut seen, mut token) = (Vec::new(), String::new());
         loop {
-            let r = ok("ListVolumes", list(max, token.clone()).await);
+            let r = ok("ListVolumes", d.list_page(max, &token).await);
             assert!(r.entries.len() <= max as usize);
             seen.extend(
                 r.entries
@@ -806,14 +764,14 @@ async fn list_volumes_pages_across_pools() {
     }
     // A token names the next page's first volume; deleting the volume before
     // it does not disturb the page, deleting the token's own is ABORTED.
-    let r = ok("ListVolumes", list(4, String::new()).await);
+    let r = ok("ListVolumes", d.list_page(4, "").await);
     let token = r.next_token.clone();
     assert_eq!(token, sorted[4]);
     ok(
         "DeleteVolume",
         d.controller().delete_volume(delete_req(&sorted[3])).await,
     );
-    let r = ok("ListVolumes", list(4, token.clone()).await);
+    let r = ok("ListVolumes", d.list_page(4, &token).await);
     let page: Vec<_> = r
         .entries
         .iter()
@@ -824,7 +782,7 @@ async fn list_volumes_pages_across_pools() {
         "DeleteVolume",
         d.controller().delete_volume(delete_req(&token)).await,
     );
-    assert_code("deleted token", list(4, token).await, Code::Aborted);
+    assert_code("deleted token", d.list_page(4, &token).await, Code::Aborted);
 }
 
 #[tokio::test]
@@ -839,26 +797,12 @@ async fn list_volumes_bad_requests() {
     assert!(r.entries.is_empty() && r.next_token.is_empty());
     d.create("a", 0).await;
     for token in ["bogus", "default.0123456789abcdef0123456789abcdef", "../x"] {
-        assert_code(
-            token,
-            d.controller()
-                .list_volumes(csi::ListVolumesRequest {
-                    max_entries: 1,
-                    starting_token: token.into(),
-                })
-                .await,
-            Code::Aborted,
-        );
+        assert_code(token, d.list_page(1, token).await, Code::Aborted);
     }
     for max in [-1, i32::MIN] {
         assert_code(
             "negative max_entries",
-            d.controller()
-                .list_volumes(csi::ListVolumesRequest {
-                    max_entries: max,
-                    starting_token: String::new(),
-                })
-                .await,
+            d.list_page(max, "").await,
             Code::InvalidArgument,
         );
     }
