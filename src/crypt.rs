@@ -245,10 +245,11 @@ fn ensure_node(name: &str, dev: DevNum) -> Result<()> {
     Ok(())
 }
 
-/// The mapping `name` as it must be once open on `want`: its live table maps
-/// `want` and nothing else, and its node names it. Blocking.
-fn verify_open(name: &str, want: DevNum) -> Result<PathBuf> {
-    match mapping(name)? {
+/// The mapping `name`, as the kernel answered (`found`), as it must be once
+/// open on `want`: its live table maps `want` and nothing else, and its node
+/// names it. Blocking.
+fn verify_open(name: &str, found: Option<Deps>, want: DevNum) -> Result<PathBuf> {
+    match found {
         Some(d) if d.below == [want] => {
             ensure_node(name, d.dev)?;
             Ok(mapping_path(name))
@@ -288,9 +289,10 @@ pub async fn ensure_open(backing: &Path, name: &str, key: &Key, fresh: bool) -> 
     let (b, n) = (backing.to_path_buf(), name.to_owned());
     let (mapped, want) =
         crate::error::blocking(move || -> Result<_> { Ok((mapping(&n)?, dev_num(&b)?)) }).await?;
-    if mapped.is_some_and(|d| !d.below.is_empty()) {
+    if mapped.as_ref().is_some_and(|d| !d.below.is_empty()) {
         // Open already (or taken by another device: refused).
-        return verified(name, want).await;
+        let n = name.to_owned();
+        return crate::error::blocking(move || verify_open(&n, mapped, want)).await;
     }
     match blockdev::probe(backing).await? {
         Content::Empty => format(backing, key).await?,
@@ -326,9 +328,10 @@ pub async fn ensure_open(backing: &Path, name: &str, key: &Key, fresh: bool) -> 
     verified(name, want).await
 }
 
+/// [`verify_open`] of the mapping as the kernel has it now (just opened).
 async fn verified(name: &str, want: DevNum) -> Result<PathBuf> {
     let n = name.to_owned();
-    crate::error::blocking(move || verify_open(&n, want)).await
+    crate::error::blocking(move || verify_open(&n, mapping(&n)?, want)).await
 }
 
 /// `luksFormat` of a blank device (exit code 5: another process holds it).
