@@ -55,7 +55,7 @@ pub use driver::*;
 pub use environ::*;
 pub use loopdev::*;
 pub use lvm::*;
-pub use lvm_fx::LvmFx;
+pub use lvm_fx::{LvmFx, TAG_DELETED};
 pub use metrics::*;
 pub use mounts::*;
 pub use opts::*;

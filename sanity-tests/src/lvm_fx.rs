@@ -8,6 +8,10 @@ use tonic::Status;
 
 use crate::{delete_req, lv_name, Driver, DriverOpts, LoopVg, LvRow, LvmKind, LvmPoolOpts, MI};
 
+/// The tag a thick pool's DeleteVolume puts on the LV it hands to the wiper
+/// (which renames it `wp-…`, zeroes and removes it).
+pub const TAG_DELETED: &str = "localvol.deleted";
+
 /// A driver serving one LVM pool ("thick", or "thin" on the thin pool `tp`)
 /// on a VG of its own over a loop device ([`LoopVg`]). Fields drop in order:
 /// the driver (and every mount below its dir) before the VG.
@@ -107,13 +111,15 @@ impl LvmFx {
         v
     }
 
-    /// LVs a thick pool is zeroing before they go (`wp-<key>-<stamp>`: the
-    /// driver renames a deleted volume's or snapshot's LV so).
+    /// LVs a thick pool is zeroing before they go: `wp-<key>-<stamp>` (the
+    /// driver renames a deleted volume's or snapshot's LV so), and volumes
+    /// DeleteVolume tagged `localvol.deleted` that the wiper has not
+    /// renamed yet.
     pub fn wiping_lvs(&self) -> Vec<LvRow> {
         self.vg
             .lvs()
             .into_iter()
-            .filter(|l| l.name.starts_with("wp-"))
+            .filter(|l| l.name.starts_with("wp-") || l.tags.iter().any(|t| t == TAG_DELETED))
             .collect()
     }
 
@@ -141,9 +147,11 @@ impl LvmFx {
 
     #[track_caller]
     pub fn assert_lv_gone(&self, volume_id: &str) {
+        let lv = self.lv(volume_id);
         assert!(
-            self.lv(volume_id).is_none(),
-            "the LV of {volume_id} is still there: {:?}",
+            lv.as_ref()
+                .is_none_or(|l| l.tags.iter().any(|t| t == TAG_DELETED)),
+            "the LV of {volume_id} is still there, not tagged deleted: {lv:?} (LVs: {:?})",
             self.lv_names()
         );
     }

@@ -173,6 +173,25 @@ pub(crate) async fn remove_selected(lv_path: &str, select: &str) -> Result<bool,
     }
 }
 
+/// Adds `tag` to `lv_path` only if lvm's own selection `select` matches it
+/// when the command runs (like [`remove_selected`]: the check and the change
+/// are one run). `Ok(true)`: tagged (also when it carried the tag already);
+/// `Ok(false)`: missing or not selected: the caller looks and decides.
+pub(crate) async fn add_tag_selected(
+    lv_path: &str,
+    select: &str,
+    tag: &str,
+) -> Result<bool, LvmError> {
+    let args = [
+        "lvchange", "--yes", "--select", select, "--addtag", tag, lv_path,
+    ];
+    match run(args.iter().map(|s| s.to_string()).collect()).await {
+        Ok(out) => Ok(out.contains(&format!("Logical volume {lv_path} changed"))),
+        Err(LvmError::NotFound(_)) => Ok(false),
+        Err(e) => Err(e),
+    }
+}
+
 /// Renames `VG/from` to `VG/to`: one metadata commit, so an LV is found
 /// under exactly one of the two names whenever a crash comes.
 pub(crate) async fn rename(vg: &str, from: &str, to: &str) -> Result<(), LvmError> {

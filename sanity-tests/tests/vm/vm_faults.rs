@@ -584,11 +584,11 @@ async fn lvm_killed_mid_lvcreate_and_lvremove(kind: Kind) {
         f.d.unpublish(&vol.volume_id, &target).await;
         f.d.unstage(&vol.volume_id, &staging).await;
         // DeleteVolume's own lvm call: lvremove on a thin pool; on a thick
-        // one the rename to `wp-…` (the wipe's record), the lvremove coming
-        // later from the background wiper.
+        // one the lvchange tagging it deleted (the wipe's record), the
+        // rename and lvremove coming later from the background wiper.
         let (call, what) = match kind {
             Kind::Thin => ("lvm.lvremove", "lvremove"),
-            Kind::Thick => ("lvm.lvrename", "lvrename"),
+            Kind::Thick => ("lvm.lvchange", "lvchange"),
         };
         w.arm(call, &format!("kill {delay}"));
         let res = f.delete_volume(&vol.volume_id).await;

@@ -14,7 +14,7 @@ use sanity_tests::*;
 use tonic::Code;
 
 thick_and_thin!(
-    a_lifecycle_runs_lvm_three_times_thin_four_thick,
+    a_lifecycle_runs_lvm_three_times,
     an_lv_removed_behind_the_drivers_back_is_noticed,
     an_lv_retagged_behind_the_drivers_back_is_noticed,
 );
@@ -81,10 +81,10 @@ fn runs_since(seen: &mut std::collections::BTreeMap<String, f64>, port: u16, rpc
 /// NodeStage: the removal of the `unformatted` tag after mkfs. Every other
 /// node RPC, NodeGetVolumeStats included: none (the index, the device node
 /// and device-mapper answer; the second stage must not take the volume for
-/// an unformatted one). Delete: thick, lvs and the rename for the wiper;
-/// thin, one lvremove checked by lvm's own selection. So three in all for
-/// thin, four for thick.
-async fn a_lifecycle_runs_lvm_three_times_thin_four_thick(kind: Kind) {
+/// an unformatted one). Delete: one run checked by lvm's own selection:
+/// thick, the lvchange tagging the LV deleted for the wiper; thin, the
+/// lvremove. So three in all, thick and thin.
+async fn a_lifecycle_runs_lvm_three_times(kind: Kind) {
     require_root();
     let (f, port) = fixture(kind).await;
     let d = &f.d;
@@ -135,11 +135,12 @@ async fn a_lifecycle_runs_lvm_three_times_thin_four_thick(kind: Kind) {
         assert_eq!(*n, 0.0, "{kind:?}: {rpc} ran lvm: {per_rpc:?}");
     }
     let total: f64 = per_rpc.iter().map(|(_, n)| n).sum();
-    let most = match kind {
-        Kind::Thin => 3.0,
-        Kind::Thick => 4.0,
-    };
-    assert!(total <= most, "{kind:?}: {total} lvm runs: {per_rpc:?}");
+    assert!(total <= 3.0, "{kind:?}: {total} lvm runs: {per_rpc:?}");
+    assert_eq!(
+        per_rpc[per_rpc.len() - 1].1,
+        1.0,
+        "{kind:?}: delete: {per_rpc:?}"
+    );
     assert_eq!(per_rpc[0].1, 1.0, "{kind:?}: create: {per_rpc:?}");
     assert!(
         per_rpc[0].1 >= 1.0 && per_rpc[per_rpc.len() - 1].1 >= 1.0,

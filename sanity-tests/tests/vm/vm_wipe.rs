@@ -1,7 +1,8 @@
 //! Deleted data never resurfaces (thick LVM pools), in a real kernel.
 //!
-//! A thick pool's DeleteVolume renames the LV to `wp-...` and returns; the
-//! driver zeroes it in the background and only then removes it, so the
+//! A thick pool's DeleteVolume tags the LV `localvol.deleted` and returns;
+//! the driver renames it to `wp-...`, zeroes it in the background and only
+//! then removes it, so the
 //! extents a new LV gets read as zeroes. Each test writes a known pattern
 //! (no zero byte in it) where a deleted volume was, then makes new raw block
 //! volumes until they hold the very extents the deleted one had (checked
@@ -171,7 +172,8 @@ async fn deleted_block_data_never_resurfaces() {
     let old = extents(&f.vg.vg, &lv_name(&id));
 
     d.delete(&id).await;
-    // Gone for CSI at once, whether or not the wipe has ended.
+    // Gone for CSI at once, whether or not the wipe has ended (its LV
+    // tagged deleted, or renamed by the wiper already).
     f.assert_lv_gone(&id);
     assert!(d.list_all().await.iter().all(|v| v.volume_id != id));
     d.delete(&id).await;
@@ -303,7 +305,20 @@ async fn a_wipe_cut_short_by_kill_9_resumes_after_restart() {
     let before = f.d.capacity(None).await.available_capacity;
 
     f.d.delete(&id).await;
-    let wiping = f.wiping_lvs();
+    // The delete tagged it; the wiper renames it as it starts.
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let wiping = loop {
+        let wiping = f.wiping_lvs();
+        if wiping.iter().all(|l| l.name.starts_with("wp-")) {
+            break wiping;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the wiper did not rename {wiping:?}; log:\n{}",
+            f.d.log_tail(40)
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
     assert_eq!(wiping.len(), 1, "one LV being wiped: {wiping:?}");
     let wp = wiping[0].name.clone();
     assert!(wp.starts_with(&format!("wp-{}", &lv[3..])), "{wp}");
@@ -369,7 +384,88 @@ async fn a_wipe_cut_short_by_kill_9_resumes_after_restart() {
 }
 
 // ---------------------------------------------------------------------------
-// 4. Thin pools must zero the blocks they provision
+// 4. A deleted volume the wiper has not renamed yet
+// ---------------------------------------------------------------------------
+
+/// DeleteVolume's one `lvchange` tags the LV `localvol.deleted`; the wiper
+/// renames it to `wp-…` when it gets to it. In between (made here by hand,
+/// with the wiper asleep) the volume is gone for every RPC: not listed, a
+/// repeated delete succeeds, NodeStage is NOT_FOUND, and a create of the
+/// same name hands the old LV to the wiper and makes a new one; the old
+/// LVs' extents read zeroes when new volumes get them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs device-mapper: run by make test-vm in the VM"]
+async fn a_deleted_volume_not_yet_renamed_is_gone() {
+    require_root();
+    let f = small_thick(|o| o).await;
+    let size = 8 * Fx::EXTENT;
+    let old_ids: Vec<String> = {
+        let mut ids = Vec::new();
+        for name in ["tagged", "staged"] {
+            let v = must("create", f.create(block_req(name, size)).await);
+            write_at(
+                &f.vg.dev_path(&lv_name(&v.volume_id)),
+                0,
+                &pattern(7, size as usize),
+            );
+            ids.push(v.volume_id);
+        }
+        ids
+    };
+    let mut old = BTreeSet::new();
+    for id in &old_ids {
+        let lv = lv_name(id);
+        old.extend(extents(&f.vg.vg, &lv));
+        run_cmd(
+            "lvm",
+            &[
+                "lvchange",
+                "-qq",
+                "--addtag",
+                TAG_DELETED,
+                &format!("{}/{lv}", f.vg.vg),
+            ],
+        );
+    }
+    let (tagged, staged) = (&old_ids[0], &old_ids[1]);
+    let still = |id: &str| {
+        f.vg.lv(&lv_name(id))
+            .is_some_and(|l| l.tags.iter().any(|t| t == TAG_DELETED))
+    };
+    assert!(
+        still(tagged) && still(staged),
+        "the wiper renamed a tagged LV nobody announced; the window is not tested"
+    );
+    let listed: Vec<String> = f.d.list_ids().await;
+    assert!(listed.is_empty(), "tagged deleted, yet listed: {listed:?}");
+    let staging = f.d.staging_path("staged");
+    let r =
+        f.d.node()
+            .node_stage_volume(stage_req(staged, &staging))
+            .await;
+    must_fail("NodeStage of a deleted volume", r, Code::NotFound);
+    assert!(
+        still(tagged),
+        "the wiper renamed the other tagged LV already; the create is not tested"
+    );
+    f.d.delete(tagged).await;
+    let again = must("create again", f.create(block_req("tagged", size)).await);
+    assert_eq!(&again.volume_id, tagged, "ids come from names");
+    let lv = f.vg.lv(&lv_name(tagged)).expect("the new volume's LV");
+    assert!(
+        !lv.tags.iter().any(|t| t == TAG_DELETED),
+        "the create answered the deleted LV: {lv:?}"
+    );
+    f.d.delete(tagged).await;
+    f.wait_for_wipes().await;
+    assert!(f.d.list_all().await.is_empty());
+    let ids = reuse_and_read(&f, "next-tenant", &old, 4).await;
+    delete_all(&f, &ids).await;
+    assert_eq!(f.lv_names(), Vec::<String>::new(), "LVs left behind");
+}
+
+// ---------------------------------------------------------------------------
+// 5. Thin pools must zero the blocks they provision
 // ---------------------------------------------------------------------------
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

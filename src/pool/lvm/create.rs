@@ -41,7 +41,10 @@ impl LvmPool {
             self.index.replace(epoch, &all);
             self.set_extent(&vg);
             if let Some(lv) = all.iter().find(|l| l.name == name).cloned() {
-                if let Some(vol) = self.existing(req, lv).await? {
+                if self.is_deleted(&lv) {
+                    // Deleted, not yet renamed by the wiper: free the name.
+                    self.hand_to_wiper(&lv).await?;
+                } else if let Some(vol) = self.existing(req, lv).await? {
                     return Ok(Sized::Existing(Box::new(vol)));
                 }
             }
@@ -74,7 +77,8 @@ impl LvmPool {
                         return Ok(Some(vol));
                     }
                 }
-                // It could not be finished and was removed: make it now.
+                // It could not be finished and was removed, or it was a
+                // deleted volume, now renamed for the wiper: make it now.
                 lvm::change(self.create_args(req, size)).await?;
             }
             Err(LvmError::InsufficientSpace(why)) if !checked => {

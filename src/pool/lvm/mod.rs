@@ -264,12 +264,15 @@ impl LvmPool {
         }
     }
 
-    /// Thin pools' common delete in one lvm run: `lvremove` of the volume's
-    /// LV with lvm itself checking that it is this pool's (its tags, when it
-    /// runs; lvm refuses an open LV). A raw block volume's device node
-    /// bound somewhere does not open it, so the mount table is read first.
-    /// `false`: nothing was removed (gone already, not this pool's, open or
-    /// bound): the checked path decides what to answer.
+    /// The common delete in one lvm run, lvm itself checking when it runs
+    /// that the LV is this pool's (its tags) and not open. Thin pools:
+    /// `lvremove`. Thick pools: an `lvchange` tagging it deleted
+    /// ([`TAG_DELETED`]) that also selects only an LV no COW snapshot
+    /// depends on; the wiper renames, zeroes and removes it. A raw block
+    /// volume's device node bound somewhere does not open it, so the mount
+    /// table is read first. `false`: nothing was done (gone already, not
+    /// this pool's, open, bound, not active, or an origin): the checked path
+    /// decides what to answer.
     async fn remove_if_ours(&self, id: &VolumeId) -> Result<bool> {
         let name = lv_name(&id.key);
         let dev = PathBuf::from(format!("/dev/{}", self.lv_path(&name)));
@@ -289,6 +292,26 @@ impl LvmPool {
             "lv_tags={{{TAG_OWNER}}} && lv_tags={{{TAG_POOL}={}}}",
             self.name
         );
+        if let Some(wiper) = &self.wiper {
+            // `lv_device_open` is "unknown" for an inactive LV, which then
+            // takes the checked path (it is activated there for the wipe).
+            let select = format!("{select} && lv_device_open=0 && !(lv_role={{origin}})");
+            self.index.forget(&name);
+            let tagged =
+                match lvm::add_tag_selected(&self.lv_path(&name), &select, TAG_DELETED).await {
+                    Ok(tagged) => tagged,
+                    Err(e) if lvm::refused_as_held(&e) => false,
+                    Err(e) => return Err(e.into()),
+                };
+            if tagged {
+                tracing::info!(
+                    lv = self.lv_path(&name),
+                    "deleted; its blocks are zeroed before they return to the volume group"
+                );
+                wiper.wake();
+            }
+            return Ok(tagged);
+        }
         self.index.leaving(&name);
         let res = lvm::remove_selected(&self.lv_path(&name), &select).await;
         match &res {
@@ -338,12 +361,40 @@ impl LvmPool {
     }
 
     /// The volume's LV as lvm reports it now (the index learns it too).
+    /// A deleted one the wiper has not renamed yet ([`TAG_DELETED`]) is
+    /// gone: it is renamed for the wiper here, so its name is free for a
+    /// create of the same name, and None is answered.
     async fn lookup(&self, key: &VolumeKey) -> Result<Option<LvInfo>> {
         let name = lv_name(key);
         let epoch = self.index.epoch();
         let lv = lvm::lv(&self.vg, &name).await?;
+        let lv = match lv {
+            Some(lv) if self.is_deleted(&lv) => {
+                self.hand_to_wiper(&lv).await?;
+                None
+            }
+            lv => lv,
+        };
         self.index.store(epoch, &name, lv.as_ref());
         Ok(lv)
+    }
+
+    /// Renames a deleted LV (tagged [`TAG_DELETED`]) for the wiper now
+    /// rather than when the wiper gets to it. The wiper may have renamed it
+    /// meanwhile, which is as good.
+    async fn hand_to_wiper(&self, lv: &LvInfo) -> Result<()> {
+        self.index.forget(&lv.name);
+        let to = wipe_lv_name(&lv.name);
+        if let Err(e) = lvm::rename(&self.vg, &lv.name, &to).await {
+            let now = lvm::lv(&self.vg, &lv.name).await?;
+            if now.is_some_and(|l| l.has_tag(TAG_DELETED)) {
+                return Err(e.into());
+            }
+        }
+        if let Some(wiper) = &self.wiper {
+            wiper.wake();
+        }
+        Ok(())
     }
 
     /// The volume's LV for lookups that decide nothing destructive: from the
@@ -580,7 +631,7 @@ impl Pool for LvmPool {
     }
 
     async fn delete(&self, id: &VolumeId) -> Result<()> {
-        if self.thin.is_some() && self.remove_if_ours(id).await? {
+        if self.remove_if_ours(id).await? {
             return Ok(());
         }
         // Thick pools must look for COW snapshots of the volume, so one
@@ -595,13 +646,17 @@ impl Pool for LvmPool {
             Some(all) => all.iter().find(|l| l.name == name).cloned(),
             None => self.lookup(&id.key).await?,
         };
+        let found = found.filter(|lv| !self.is_deleted(lv));
         let Some(lv) = found else {
-            // Deleted already. A thick delete whose rename committed while
-            // its caller saw an error (a killed `lvrename`) left a `wp-` LV
-            // no wake announced: wake the wiper for it.
+            // Deleted already. A thick delete whose tag or rename committed
+            // while its caller saw an error (a killed `lvchange` or
+            // `lvrename`) left an LV no wake announced: wake the wiper for it.
             if let (Some(wiper), Some(all)) = (&self.wiper, &all) {
                 let prefix = format!("wp-{}-", id.key);
-                if all.iter().any(|l| l.name.starts_with(&prefix)) {
+                if all
+                    .iter()
+                    .any(|l| l.name.starts_with(&prefix) || l.name == name)
+                {
                     wiper.wake();
                 }
             }

@@ -49,6 +49,13 @@ pub(super) const TAG_ENCRYPTION: &str = "localvol.encryption";
 /// until a (retried) create completes it (see [`LvmPool::finish_create`]).
 pub(super) const TAG_CREATING: &str = "localvol.creating";
 
+/// A thick volume deleted (set by DeleteVolume's one `lvchange`, whose
+/// selection has lvm check that the LV is this pool's, not open and no
+/// origin of snapshots): from then on it is gone for every RPC, and the
+/// wiper renames it to `wp-…` (freeing its name), zeroes and removes it
+/// (see `wipe.rs`).
+pub(super) const TAG_DELETED: &str = "localvol.deleted";
+
 /// IO limits of a volume (`<readIOPS>:<writeIOPS>:<readBps>:<writeBps>`,
 /// `max` for none; no tag: no limits). Set at create from the mutable
 /// parameters and changed by ControllerModifyVolume.
@@ -114,13 +121,23 @@ impl LvmPool {
         }
     }
 
+    /// A thick pool's volume deleted and waiting for the wiper to rename it
+    /// (see [`TAG_DELETED`]).
+    pub(super) fn is_deleted(&self, lv: &LvInfo) -> bool {
+        self.wiper.is_some() && self.is_ours(lv) && lv.has_tag(TAG_DELETED)
+    }
+
     pub(super) fn is_ours(&self, lv: &LvInfo) -> bool {
         lv.has_tag(TAG_OWNER) && lv.tag_value(TAG_POOL) == Some(self.name.as_str())
     }
 
     /// The volume an LV of this pool represents (None for other LVs).
     pub(super) fn to_volume(&self, lv: &LvInfo) -> Option<Volume> {
-        if !self.is_ours(lv) || lv.has_tag(TAG_RESTORING) || lv.has_tag(TAG_CREATING) {
+        if !self.is_ours(lv)
+            || lv.has_tag(TAG_RESTORING)
+            || lv.has_tag(TAG_CREATING)
+            || lv.has_tag(TAG_DELETED)
+        {
             return None;
         }
         let key = VolumeKey::parse(lv.name.strip_prefix("lv-")?)?;

@@ -381,6 +381,24 @@ fn an_lv_being_wiped_is_neither_a_volume_nor_a_snapshot() {
     assert!(!wipe::is_wiping(&lv(&lv_name, &tags)));
 }
 
+/// A volume DeleteVolume tagged deleted (a thick pool's one-run delete) is
+/// no volume any more: never listed, staged or answered to a create,
+/// although it keeps its `lv-` name until the wiper renames it.
+#[test]
+fn a_volume_tagged_deleted_is_no_volume() {
+    let p = pool("thin", Some("tp"));
+    let mut tags = vec![
+        "localvol",
+        "localvol.pool=thin",
+        "localvol.name=pvc-1",
+        "localvol.access=mount",
+    ];
+    let lv_name = format!("lv-{KEY}");
+    assert!(p.to_volume(&lv(&lv_name, &tags)).is_some());
+    tags.push(TAG_DELETED);
+    assert!(p.to_volume(&lv(&lv_name, &tags)).is_none());
+}
+
 /// Encryption is recorded in a tag at create, read back into the volume
 /// (what NodeStage goes by), and decides which device the node uses: the
 /// mapping named from the id, over the LV.

@@ -2,17 +2,21 @@
 //! extents go back to the volume group, so a new LV never reads another
 //! volume's data, whatever its mode (raw block included).
 //!
-//! Deleting renames the LV to `wp-<key>-<stamp>` (one lvm metadata commit)
-//! and returns: from then on its id names nothing (a repeated delete
-//! succeeds, a create of the same name makes a new LV), no listing shows it,
-//! and its extents stay allocated, so GetCapacity does not offer them. The
-//! name is the whole record. One [`Wiper`] task per thick pool finds every
-//! `wp-` LV of the pool (when the pool opens, after each delete, and every
-//! [`RETRY`] while some are left), splits a copy-on-write snapshot from its
-//! origin, zeroes the LV through its own device
-//! ([`ExclusiveDevice::zero`]), and removes it. A wipe cut short by a crash
-//! leaves the `wp-` LV behind, and the next driver zeroes it again from the
-//! start.
+//! Deleting a volume tags its LV `localvol.deleted` (one `lvchange` whose
+//! selection has lvm check ownership, open state and snapshots in the same
+//! run; see `LvmPool::remove_if_ours`), or, on the checked path and for
+//! snapshots, renames it to `wp-<key>-<stamp>`; either is one lvm metadata
+//! commit, and the delete returns. From then on its id names nothing (a
+//! repeated delete succeeds; a create of the same name renames a tagged LV
+//! first, then makes a new one), no listing shows it, and its extents stay
+//! allocated, so GetCapacity does not offer them. The tag or the name is
+//! the whole record. One [`Wiper`] task per thick pool finds every such LV
+//! of the pool (when the pool opens, after each delete, and every [`RETRY`]
+//! while some are left), renames a tagged one to `wp-…` (freeing its name),
+//! splits a copy-on-write snapshot from its origin, zeroes the LV through
+//! its own device ([`ExclusiveDevice::zero`]), and removes it. A wipe cut
+//! short by a crash leaves the LV behind, and the next driver zeroes it
+//! again from the start.
 
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -21,7 +25,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use tokio::sync::Notify;
 
-use super::tags::{TAG_OWNER, TAG_POOL};
+use super::tags::{TAG_DELETED, TAG_OWNER, TAG_POOL};
 use crate::blockdev::ExclusiveDevice;
 use crate::ids::PoolName;
 use crate::lvm::{self, LvInfo};
@@ -121,9 +125,11 @@ impl Wiper {
 }
 
 impl Shared {
-    /// A `wp-` LV of this pool.
+    /// A `wp-` LV of this pool, or one of its volumes tagged deleted.
     fn is_pools(&self, lv: &LvInfo) -> bool {
-        is_wiping(lv) && lv.has_tag(TAG_OWNER) && lv.tag_value(TAG_POOL) == Some(self.pool.as_str())
+        (is_wiping(lv) || lv.has_tag(TAG_DELETED))
+            && lv.has_tag(TAG_OWNER)
+            && lv.tag_value(TAG_POOL) == Some(self.pool.as_str())
     }
 
     async fn run(self: Arc<Self>) {
@@ -172,10 +178,21 @@ impl Shared {
         left
     }
 
-    /// Zeroes one `wp-` LV and removes it; false when the pool is stopping.
+    /// Zeroes one `wp-` LV and removes it (a volume tagged deleted is
+    /// renamed to `wp-…` first); false when the pool is stopping.
     async fn wipe(self: &Arc<Self>, lv: &LvInfo) -> Result<bool> {
-        let path = format!("{}/{}", self.vg, lv.name);
         let mut lv = lv.clone();
+        if !is_wiping(&lv) {
+            // Its name is freed first: a create of the same name must not
+            // wait for the zeroing. (A lookup of that name may have renamed
+            // it meanwhile: then lvrename fails, and the next pass finds
+            // the `wp-` LV.)
+            let to = wipe_lv_name(&lv.name);
+            lvm::rename(&self.vg, &lv.name, &to).await?;
+            lv.path = format!("/dev/{}/{to}", self.vg);
+            lv.name = to;
+        }
+        let path = format!("{}/{}", self.vg, lv.name);
         if lv.is_cow_snapshot() {
             if lv.open {
                 return Err(in_use(&path));
