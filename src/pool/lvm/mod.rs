@@ -379,20 +379,15 @@ impl LvmPool {
         Ok(lv)
     }
 
-    /// Renames a deleted LV (tagged [`TAG_DELETED`]) for the wiper now
+    /// [`LvmPool::retire`]s a deleted LV (tagged [`TAG_DELETED`]) now
     /// rather than when the wiper gets to it. The wiper may have renamed it
     /// meanwhile, which is as good.
     async fn hand_to_wiper(&self, lv: &LvInfo) -> Result<()> {
-        self.index.forget(&lv.name);
-        let to = wipe_lv_name(&lv.name);
-        if let Err(e) = lvm::rename(&self.vg, &lv.name, &to).await {
+        if let Err(e) = self.retire(lv).await {
             let now = lvm::lv(&self.vg, &lv.name).await?;
             if now.is_some_and(|l| l.has_tag(TAG_DELETED)) {
-                return Err(e.into());
+                return Err(e);
             }
-        }
-        if let Some(wiper) = &self.wiper {
-            wiper.wake();
         }
         Ok(())
     }
