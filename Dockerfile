@@ -1,5 +1,7 @@
-# Multi-stage build: the same `cargo build --release --bin localvol` the tests use.
-FROM rust:1-slim-bookworm AS build
+# Multi-stage build: the same `cargo build --release --bin localvol` the tests use,
+# with the compiler they use: the link order of the hot functions
+# (cli/symbol-order.txt) names them as this rustc does.
+FROM rust:1.95-slim-bookworm AS build
 WORKDIR /src
 COPY Cargo.toml Cargo.lock build.rs ./
 COPY proto proto

@@ -9,7 +9,7 @@ NODE       ?= $(shell hostname)
 BIN        := target/release/localvol
 IMAGE      ?= localvol:dev
 
-.PHONY: run build test fmt-check clippy unit sanity soak upstream-sanity validate-deploy deploy-base test-vm test-image e2e e2e-build bench bench-vm image clean
+.PHONY: run build test fmt-check clippy unit sanity soak upstream-sanity validate-deploy deploy-base test-vm test-image e2e e2e-build bench bench-vm symbol-order image clean
 
 build:
 	$(CARGO) build --release --locked --bin localvol
@@ -189,6 +189,7 @@ test-image:
 	root=$$(vm/image-root); \
 	programs=$$(vm/driver-programs); \
 	$(CARGO) build --release --locked --bin localvol; \
+	cli/symbol-order check $(BIN); \
 	cp $(BIN) "$$dir/localvol"; \
 	start=$$(date +%s); \
 	rc=0; \
@@ -225,6 +226,15 @@ bench-vm:
 bench: build
 	@echo "Start the driver, then: $(BIN) bench --endpoint unix://$(SOCKET) --volumes 2000 --concurrency 4"
 	@echo "Drivers side by side (lifecycles/s, peak and idle RSS; root): cli/bench-compare --help"
+
+# Rewrite cli/symbol-order.txt, the link order of the functions a serving driver
+# runs (read by cli/build.rs), from a profile of this tree's release build: after
+# a compiler or dependency update, or when test-image's check says it is stale.
+# Needs root and valgrind; about a minute.
+symbol-order: build
+	cli/symbol-order generate $(BIN)
+	$(CARGO) build --release --locked --bin localvol
+	cli/symbol-order check $(BIN)
 
 # For users with a container engine (none runs on the CI machines).
 image:
