@@ -2,8 +2,9 @@
 //!
 //! The rule that protects data: a device gets a new filesystem only when
 //! low-level probing (`blkid -p`) finds no signature at all on it — no
-//! filesystem, no partition table, no RAID or LVM label. External programs run
-//! through [`crate::command::Cmd`].
+//! filesystem, no partition table, no RAID or LVM label — or when it is a
+//! volume the driver made and never finished formatting, which holds no data
+//! (`format_whole`). External programs run through [`crate::command::Cmd`].
 
 use std::fs::File;
 use std::os::fd::AsRawFd;
@@ -165,12 +166,48 @@ pub(crate) async fn format_whole(
     fs: FsType,
     opts: &FormatOptions,
 ) -> Result<Content, CommandError> {
+    // Nearly always the device is as lvcreate (or the wiper) left it:
+    // zeroes where any signature of a format of the driver's would be.
+    // Then mkfs runs without a blkid first. Should mkfs still refuse (it
+    // exits with an error of its own), the probe, the erase and mkfs
+    // follow; an mkfs killed or timed out is the RPC's error, as before.
+    let d = dev.to_path_buf();
+    match crate::error::blocking(move || starts_with_zeroes(&d)).await {
+        Ok(true) => match mkfs_command(dev, fs, opts).await?.run().await {
+            Ok(_) => return Ok(Content::Empty),
+            Err(e @ CommandError::Failed { code: Some(_), .. }) => {
+                tracing::debug!(device = ?dev, error = %e, "mkfs of a device that starts blank refused; probing it")
+            }
+            Err(e) => return Err(e),
+        },
+        Ok(false) => {}
+        Err(e) => {
+            tracing::debug!(device = ?dev, error = %e, "reading the device's start failed; probing it")
+        }
+    }
     let found = probe(dev).await?;
     if found != Content::Empty {
         raw::erase_signatures(dev).await?;
     }
     mkfs_command(dev, fs, opts).await?.run().await?;
     Ok(found)
+}
+
+/// How much of a device's start [`format_whole`] reads: the primary
+/// superblocks of ext4 (at 1 KiB) and XFS (at 0) and a LUKS header's start,
+/// the signatures a cut-short format of the driver's leaves, lie within it.
+const FORMAT_PROBE_BYTES: u64 = 64 << 10;
+
+/// Whether the first [`FORMAT_PROBE_BYTES`] of `dev` (all of it, if it is
+/// smaller) read as zeroes. Blocking.
+fn starts_with_zeroes(dev: &Path) -> Result<bool, IoError> {
+    use std::io::Read;
+    let f = File::open(dev).ctx(|| format!("opening {dev:?}"))?;
+    let mut start = Vec::with_capacity(FORMAT_PROBE_BYTES as usize);
+    f.take(FORMAT_PROBE_BYTES)
+        .read_to_end(&mut start)
+        .ctx(|| format!("reading the start of {dev:?}"))?;
+    Ok(start.iter().all(|&b| b == 0))
 }
 
 /// Whether the installed mkfs.xfs knows `-i nrext64` (xfsprogs 5.19+):
@@ -361,6 +398,63 @@ pub(crate) mod tests {
             false => vec!["-q", "/dev/null"],
         };
         assert_eq!(argv, want);
+    }
+
+    /// `format_whole` skips blkid on a device whose first
+    /// [`FORMAT_PROBE_BYTES`] read as zeroes: what ext4's, XFS's and LUKS2's
+    /// tools write first, their signatures, must lie within them (checked
+    /// with this machine's tools, on files; skipped without them).
+    #[test]
+    fn signatures_of_the_formats_made_lie_in_the_probed_start() {
+        let dir = tempfile::tempdir().unwrap();
+        let blank = |name: &str, len: u64| {
+            let path = dir.path().join(name);
+            File::create(&path).unwrap().set_len(len).unwrap();
+            path
+        };
+        let fresh = blank("fresh", 400 << 20);
+        assert!(starts_with_zeroes(&fresh).unwrap());
+        // Only the start counts: a byte past it is left to blkid's absence.
+        let late = blank("late", 1 << 20);
+        std::fs::write(
+            &late,
+            [&vec![0u8; FORMAT_PROBE_BYTES as usize][..], b"x"].concat(),
+        )
+        .unwrap();
+        assert!(starts_with_zeroes(&late).unwrap());
+        let short = blank("short", 512);
+        assert!(starts_with_zeroes(&short).unwrap());
+        let key = dir.path().join("key");
+        std::fs::write(&key, b"k").unwrap();
+        let key = key.to_str().unwrap();
+        let luks = [
+            "luksFormat",
+            "-q",
+            "--type=luks2",
+            "--pbkdf=pbkdf2",
+            "--pbkdf-force-iterations=1000",
+            "--key-file",
+            key,
+        ];
+        let made: [(&str, &[&str], u64); 3] = [
+            ("mkfs.ext4", &["-q", "-F", "-m", "0"], 16 << 20),
+            ("mkfs.xfs", &["-q"], 400 << 20),
+            ("cryptsetup", &luks, 32 << 20),
+        ];
+        for (program, args, len) in made {
+            let dev = blank(program, len);
+            match Command::new(program).args(args).arg(&dev).output() {
+                Err(e) => eprintln!("SKIPPED {program}: cannot run it: {e}"),
+                Ok(out) if !out.status.success() => eprintln!(
+                    "SKIPPED {program}: it failed here: {}",
+                    String::from_utf8_lossy(&out.stderr)
+                ),
+                Ok(_) => assert!(
+                    !starts_with_zeroes(&dev).unwrap(),
+                    "{program} wrote nothing in the first {FORMAT_PROBE_BYTES} bytes"
+                ),
+            }
+        }
     }
 
     #[test]
