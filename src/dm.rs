@@ -115,8 +115,15 @@ pub fn deps(name: &str) -> std::io::Result<Option<Deps>> {
     let buf = match call(TABLE_DEPS_IOCTL, name) {
         Ok(Some(buf)) => buf,
         Ok(None) => return Ok(None),
-        // No device-mapper on this node (no control node): no mapping either.
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+        // No device-mapper on this node: no control node, or one whose
+        // driver this kernel lacks (a libdevmapper tool makes the node
+        // wherever it runs): no mapping either.
+        Err(e)
+            if e.kind() == std::io::ErrorKind::NotFound
+                || matches!(e.raw_os_error(), Some(libc::ENODEV | libc::ENXIO)) =>
+        {
+            return Ok(None)
+        }
         Err(e) => return Err(e),
     };
     parse_deps(&buf)
