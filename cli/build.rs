@@ -21,6 +21,7 @@ fn main() {
     println!("cargo:rerun-if-changed=build.rs");
     println!("cargo:rerun-if-changed=symbol-order.txt");
     println!("cargo:rerun-if-env-changed=LOCALVOL_SYMBOL_ORDER");
+    println!("cargo:rerun-if-env-changed=RUSTC_LINKER");
     if var("PROFILE") != "release"
         || var("CARGO_CFG_TARGET_OS") != "linux"
         || var("CARGO_CFG_TARGET_ENV") != "gnu"
