@@ -112,19 +112,8 @@ pub struct Deps {
 /// node work last), and its minor can then belong to another mapping: only
 /// the kernel's answer by name says which device a name is.
 pub fn deps(name: &str) -> std::io::Result<Option<Deps>> {
-    let buf = match call(TABLE_DEPS_IOCTL, name) {
-        Ok(Some(buf)) => buf,
-        Ok(None) => return Ok(None),
-        // No device-mapper on this node: no control node, or one whose
-        // driver this kernel lacks (a libdevmapper tool makes the node
-        // wherever it runs): no mapping either.
-        Err(e)
-            if e.kind() == std::io::ErrorKind::NotFound
-                || matches!(e.raw_os_error(), Some(libc::ENODEV | libc::ENXIO)) =>
-        {
-            return Ok(None)
-        }
-        Err(e) => return Err(e),
+    let Some(buf) = call(TABLE_DEPS_IOCTL, name)? else {
+        return Ok(None);
     };
     parse_deps(&buf)
         .map(Some)
@@ -139,12 +128,25 @@ fn malformed(what: &str, name: &str) -> std::io::Error {
 }
 
 /// One dm ioctl `request` about the mapping `name`, with a buffer grown
-/// until the answer fits (None: no mapping of that name).
+/// until the answer fits (None: no mapping of that name, or no
+/// device-mapper on this node).
 fn call(request_code: libc::c_ulong, name: &str) -> std::io::Result<Option<Vec<u8>>> {
     if name.len() >= NAME_LEN {
         return Ok(None);
     }
-    let control = File::open("/dev/mapper/control")?;
+    let control = match File::open("/dev/mapper/control") {
+        Ok(f) => f,
+        // No device-mapper on this node: no control node, or one whose
+        // driver this kernel lacks (a libdevmapper tool makes the node
+        // wherever it runs). No mapping either.
+        Err(e)
+            if e.kind() == std::io::ErrorKind::NotFound
+                || matches!(e.raw_os_error(), Some(libc::ENODEV | libc::ENXIO)) =>
+        {
+            return Ok(None)
+        }
+        Err(e) => return Err(e),
+    };
     let mut size = 16 << 10;
     loop {
         let mut buf = request(name, size);
