@@ -78,6 +78,17 @@ impl Endpoint {
             }
         }
     }
+
+    /// Connects and sends one CSI Probe: Ok once the driver answered, with
+    /// any answer (an error status is the server answering too); Err when
+    /// nothing could connect.
+    pub async fn probe(&self) -> Result<(), tonic::transport::Error> {
+        let channel = self.connect().await?;
+        let _ = crate::csi::identity_client::IdentityClient::new(channel)
+            .probe(crate::csi::ProbeRequest {})
+            .await;
+        Ok(())
+    }
 }
 
 #[cfg(test)]

@@ -18,6 +18,7 @@ mod fsutil;
 pub mod ids;
 pub mod iolimit;
 mod k8s;
+pub mod liveness;
 mod locks;
 pub mod lvm;
 mod memory;

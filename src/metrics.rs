@@ -65,6 +65,8 @@ pub struct Metrics {
     pool_free: Family<PoolLabels, Gauge>,
     pool_volumes: Family<PoolLabels, Gauge>,
     pool_ready: Family<PoolLabels, Gauge>,
+    pool_degraded: Family<PoolLabels, Gauge>,
+    pool_check_timeouts: Family<PoolLabels, Counter>,
     thin_data: Family<PoolLabels, Gauge<f64, AtomicU64>>,
     thin_metadata: Family<PoolLabels, Gauge<f64, AtomicU64>>,
     volume_used: Family<VolumeLabels, Gauge>,
@@ -98,7 +100,7 @@ fn registered<M: Metric + Clone>(r: &mut Registry, name: &str, help: &str, metri
 }
 
 /// Per-pool gauges, in the order `Metrics::new` takes them.
-const POOL_GAUGES: [(&str, &str); 5] = [
+const POOL_GAUGES: [(&str, &str); 6] = [
     ("pool_capacity_bytes", "Allocated plus free bytes of a pool"),
     (
         "pool_allocated_bytes",
@@ -110,6 +112,7 @@ const POOL_GAUGES: [(&str, &str); 5] = [
     ),
     ("pool_volumes", "Volumes in the pool"),
     ("pool_ready", "1 when the pool can serve; 0 while it is unusable (its volumes' RPCs are refused, it offers no capacity; the log and the Node's Events say why)"),
+    ("pool_degraded", "1 while the pool's last health checks all timed out (lvm slow): it still serves, its last known health stands"),
 ];
 
 /// Per-thin-pool gauges (LVM pools with a thin pool), as lvm reports them.
@@ -188,7 +191,7 @@ impl Metrics {
         let r = &mut Registry::with_prefix("localvol");
         // 100 µs to ~26 s.
         let rpc_histogram = || Histogram::new(exponential_buckets(0.0001, 2.0, 19));
-        let [pool_capacity, pool_allocated, pool_free, pool_volumes, pool_ready] =
+        let [pool_capacity, pool_allocated, pool_free, pool_volumes, pool_ready, pool_degraded] =
             POOL_GAUGES.map(|(name, help)| registered(r, name, help, Family::default()));
         let [thin_data, thin_metadata] =
             THIN_GAUGES.map(|(name, help)| registered(r, name, help, Family::default()));
@@ -215,6 +218,13 @@ impl Metrics {
             pool_free,
             pool_volumes,
             pool_ready,
+            pool_degraded,
+            pool_check_timeouts: registered(
+                r,
+                "pool_health_check_timeouts",
+                "Pool health checks that timed out (lvm too slow to answer); each keeps the last known health",
+                Family::default(),
+            ),
             thin_data,
             thin_metadata,
             volume_used,
@@ -360,6 +370,13 @@ pub trait Source: Send + Sync + 'static {
     fn pools(&self) -> &Pools;
     /// One line per pool that cannot serve now (`/readyz` lists them).
     fn unusable_pools(&self) -> Vec<String>;
+    /// One line per pool that serves but is degraded (`/readyz` lists them).
+    fn degraded_pools(&self) -> Vec<String> {
+        self.pools()
+            .iter()
+            .filter_map(|p| Some(format!("pool {}: {}", p.name(), p.degraded()?)))
+            .collect()
+    }
 }
 
 /// Refreshes the pool and volume gauges from the pools, then encodes everything.
@@ -379,6 +396,16 @@ async fn render_pools(pools: &Pools) -> String {
         };
         let ready = pool.health().await.is_ready();
         m.pool_ready.get_or_create(&labels).set(i64::from(ready));
+        let degraded = pool.degraded().is_some();
+        m.pool_degraded
+            .get_or_create(&labels)
+            .set(i64::from(degraded));
+        {
+            // The family's guard is not Send: dropped before the next await.
+            let timeouts = m.pool_check_timeouts.get_or_create(&labels);
+            let counted = timeouts.get();
+            timeouts.inc_by(pool.slow_checks().total.saturating_sub(counted));
+        }
         if let Ok(Some(t)) = pool.thin_usage().await {
             m.thin_data.get_or_create(&labels).set(t.data_percent);
             m.thin_metadata
@@ -428,31 +455,17 @@ async fn render_pools(pools: &Pools) -> String {
     out
 }
 
-async fn handle<D: Source>(
-    driver: Arc<D>,
-    req: Request<hyper::body::Incoming>,
-) -> Response<Full<Bytes>> {
-    let reply = |status: StatusCode, ctype: &str, body: String| {
-        Response::builder()
-            .status(status)
-            .header("content-type", ctype)
-            .body(Full::new(Bytes::from(body)))
-            .expect("static response parts")
-    };
-    if req.method() != hyper::Method::GET {
-        return reply(
-            StatusCode::METHOD_NOT_ALLOWED,
-            "text/plain",
-            "GET only\n".into(),
-        );
-    }
-    match req.uri().path() {
-        "/metrics" => reply(
+/// An answer of [`serve_get`]'s: status, content type, body.
+pub(crate) type Reply = (StatusCode, &'static str, String);
+
+async fn handle<D: Source>(driver: Arc<D>, path: &str) -> Reply {
+    match path {
+        "/metrics" => (
             StatusCode::OK,
             "application/openmetrics-text; version=1.0.0; charset=utf-8",
             render(driver.pools()).await,
         ),
-        "/healthz" => reply(StatusCode::OK, "text/plain", "ok\n".into()),
+        "/healthz" => (StatusCode::OK, "text/plain", "ok\n".into()),
         // Ready while the driver serves: a pool that cannot serve is
         // listed (and is 0 in localvol_pool_ready), not a reason to take
         // the plugin out of service.
@@ -461,9 +474,12 @@ async fn handle<D: Source>(
             for line in driver.unusable_pools() {
                 text.push_str(&format!("unusable: {line}\n"));
             }
-            reply(StatusCode::OK, "text/plain", text)
+            for line in driver.degraded_pools() {
+                text.push_str(&format!("degraded: {line}\n"));
+            }
+            (StatusCode::OK, "text/plain", text)
         }
-        _ => reply(StatusCode::NOT_FOUND, "text/plain", "not found\n".into()),
+        _ => (StatusCode::NOT_FOUND, "text/plain", "not found\n".into()),
     }
 }
 
@@ -477,31 +493,62 @@ pub async fn bind<D: Source>(
         .await
         .ctx(|| format!("binding metrics address {addr}"))?;
     tracing::info!(%addr, "serving /metrics, /healthz and /readyz");
-    Ok(async move {
-        loop {
-            let (stream, _) = match listener.accept().await {
-                Ok(c) => c,
-                Err(e) => {
-                    tracing::warn!(error = %e, "metrics accept failed");
-                    tokio::time::sleep(std::time::Duration::from_millis(100)).await;
-                    continue;
-                }
-            };
-            let driver = driver.clone();
-            tokio::spawn(async move {
-                let svc = hyper::service::service_fn(move |req| {
-                    let driver = driver.clone();
-                    async move { Ok::<_, Infallible>(handle(driver, req).await) }
-                });
-                if let Err(e) = hyper::server::conn::http1::Builder::new()
-                    .serve_connection(TokioIo::new(stream), svc)
-                    .await
-                {
-                    tracing::debug!(error = %e, "metrics connection");
+    Ok(serve_get(listener, "metrics", move |path| {
+        let driver = driver.clone();
+        async move { handle(driver, &path).await }
+    }))
+}
+
+/// A plain HTTP/1.1 server of GET requests on `listener`, each answered by
+/// `answer` from its path; any other method is refused. Runs on the runtime
+/// that polls it (the liveness endpoint's is a thread of its own).
+pub(crate) async fn serve_get<F, Fut>(
+    listener: tokio::net::TcpListener,
+    what: &'static str,
+    answer: F,
+) where
+    F: Fn(String) -> Fut + Clone + Send + Sync + 'static,
+    Fut: std::future::Future<Output = Reply> + Send + 'static,
+{
+    loop {
+        let (stream, _) = match listener.accept().await {
+            Ok(c) => c,
+            Err(e) => {
+                tracing::warn!(error = %e, what, "accept failed");
+                tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+                continue;
+            }
+        };
+        let answer = answer.clone();
+        tokio::spawn(async move {
+            let svc = hyper::service::service_fn(move |req: Request<hyper::body::Incoming>| {
+                let answer = answer.clone();
+                async move {
+                    let (status, ctype, body) = if req.method() == hyper::Method::GET {
+                        answer(req.uri().path().to_owned()).await
+                    } else {
+                        (
+                            StatusCode::METHOD_NOT_ALLOWED,
+                            "text/plain",
+                            "GET only\n".into(),
+                        )
+                    };
+                    let reply = Response::builder()
+                        .status(status)
+                        .header("content-type", ctype)
+                        .body(Full::new(Bytes::from(body)))
+                        .expect("static response parts");
+                    Ok::<_, Infallible>(reply)
                 }
             });
-        }
-    })
+            if let Err(e) = hyper::server::conn::http1::Builder::new()
+                .serve_connection(TokioIo::new(stream), svc)
+                .await
+            {
+                tracing::debug!(error = %e, what, "http connection");
+            }
+        });
+    }
 }
 
 #[cfg(test)]

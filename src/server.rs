@@ -17,6 +17,7 @@ use crate::csi::{
 use crate::driver::{Driver, DriverError, Identity};
 use crate::endpoint::Endpoint;
 use crate::error::{IoContext, IoError};
+use crate::liveness::Liveness;
 
 /// Why the driver did not start, or its server stopped with an error.
 #[derive(Debug, thiserror::Error)]
@@ -48,6 +49,10 @@ pub struct ServeOptions {
     pub socket_group: Option<String>,
     /// Where to serve `/metrics`, `/healthz` and `/readyz` (off when None).
     pub metrics_addr: Option<std::net::SocketAddr>,
+    /// Where to serve the liveness verdict, `/healthz` (`liveness.rs`; off
+    /// when None), and how long without an answer counts as dead.
+    pub liveness_addr: Option<std::net::SocketAddr>,
+    pub liveness_deadline: std::time::Duration,
     /// The driver's namespace (its pod's): where the node-loss controller's
     /// lost records are read.
     pub namespace: String,
@@ -213,6 +218,7 @@ pub async fn serve(opts: ServeOptions, shutdown: impl Future<Output = ()> + Send
     match &opts.endpoint {
         Endpoint::Unix(path) => {
             let listener = bind_unix(path, opts.socket_group.as_deref())?;
+            let _liveness = start_liveness(&opts)?;
             tracing::info!(endpoint = %opts.endpoint, node = %opts.node_id, "serving CSI");
             // Clients that send the socket path as :authority (grpc C-core,
             // grpc-java, grpcurl, csc) need it rewritten: src/authority.rs.
@@ -228,12 +234,25 @@ pub async fn serve(opts: ServeOptions, shutdown: impl Future<Output = ()> + Send
             let listener = tokio::net::TcpListener::bind(addr)
                 .await
                 .ctx(|| format!("binding {addr}"))?;
+            let _liveness = start_liveness(&opts)?;
             tracing::info!(endpoint = %opts.endpoint, node = %opts.node_id, "serving CSI (tcp, for debugging)");
             Ok(router
                 .serve_with_incoming_shutdown(TcpListenerStream::new(listener), shutdown)
                 .await?)
         }
     }
+}
+
+/// Starts the liveness endpoint (`--liveness-addr`; `liveness.rs`) once the
+/// socket is bound, its heartbeat ticking on this runtime; both stop when
+/// what it returns is dropped.
+fn start_liveness(opts: &ServeOptions) -> Result<Option<(Liveness, AbortOnDrop)>> {
+    let Some(addr) = opts.liveness_addr else {
+        return Ok(None);
+    };
+    let l = Liveness::start(addr, opts.endpoint.clone(), opts.liveness_deadline)?;
+    let beat = AbortOnDrop(tokio::spawn(l.heartbeat()));
+    Ok(Some((l, beat)))
 }
 
 /// How often discovery rescans the disks and the PV cache (it also runs

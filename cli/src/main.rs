@@ -155,6 +155,24 @@ struct ServeArgs {
     /// Serve Prometheus /metrics, /healthz and /readyz here (e.g. :9808).
     #[arg(long, value_parser = parse_metrics_addr)]
     metrics_addr: Option<std::net::SocketAddr>,
+    /// Serve the liveness verdict, GET /healthz, here (e.g. :9809), from a
+    /// thread of its own: 500 only when the driver is dead (its socket gone or
+    /// refusing, its runtime stuck, or no Probe through the socket answered
+    /// for --liveness-deadline); a slow driver is alive. Off when unset.
+    #[arg(long, value_parser = parse_metrics_addr)]
+    liveness_addr: Option<std::net::SocketAddr>,
+    /// Seconds without an answer (runtime tick, Probe) that count as dead.
+    #[arg(long, default_value_t = localvol::liveness::DEFAULT_DEADLINE.as_secs_f64(), value_parser = parse_interval)]
+    liveness_deadline: f64,
+    /// Seconds an lvm run gets at least before it is taken for hung and
+    /// killed. On a slow node a run gets more: --lvm-timeout-factor times
+    /// the node's typical run (a moving average), at most 600 s.
+    #[arg(long, env = "LOCALVOL_LVM_TIMEOUT", default_value_t = localvol::lvm::LVM_TIMEOUT_FLOOR.as_secs_f64(), value_parser = parse_interval)]
+    lvm_timeout: f64,
+    /// How many typical lvm runs of this node one run gets before it is killed.
+    #[arg(long, env = "LOCALVOL_LVM_TIMEOUT_FACTOR", default_value_t = localvol::lvm::LVM_TIMEOUT_FACTOR,
+          value_parser = clap::value_parser!(u64).range(1..=1000))]
+    lvm_timeout_factor: u64,
     /// The driver's namespace, where the node-loss controller's lost records are read.
     #[arg(long, env = "POD_NAMESPACE", default_value = "kube-system")]
     namespace: String,
@@ -211,6 +229,10 @@ fn init_logging(format: LogFormat) {
 }
 
 async fn serve(args: ServeArgs) -> Result<(), String> {
+    localvol::lvm::set_timeout(
+        std::time::Duration::from_secs_f64(args.lvm_timeout),
+        args.lvm_timeout_factor,
+    );
     let config = match &args.config {
         Some(p) => Config::load(p).map_err(|e| e.to_string())?,
         None => Config::embedded(&args.data_dir),
@@ -230,6 +252,8 @@ async fn serve(args: ServeArgs) -> Result<(), String> {
         kubelet_dir: args.kubelet_dir,
         socket_group: args.socket_group,
         metrics_addr: args.metrics_addr,
+        liveness_addr: args.liveness_addr,
+        liveness_deadline: std::time::Duration::from_secs_f64(args.liveness_deadline),
         namespace: args.namespace,
         kube_api: args.kube_api,
         pool_check_interval: std::time::Duration::from_secs_f64(args.pool_check_interval),
@@ -246,8 +270,7 @@ fn parse_metrics_addr(s: &str) -> Result<std::net::SocketAddr, String> {
     } else {
         s.to_owned()
     };
-    full.parse()
-        .map_err(|e| format!("metrics address {s:?}: {e}"))
+    full.parse().map_err(|e| format!("address {s:?}: {e}"))
 }
 
 /// Resolves on SIGTERM or SIGINT.

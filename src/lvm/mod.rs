@@ -24,7 +24,7 @@ mod run;
 // `lvcreate_args`, `NewLv`, `change` and `LvmError`. The rest is the
 // driver's.
 pub use args::{lvcreate_args, NewLv};
-pub use run::LvmError;
+pub use run::{set_timeout, LvmError, LVM_TIMEOUT_FLOOR, SLOWDOWN as LVM_TIMEOUT_FACTOR};
 
 pub(crate) use args::{thin_pool_args, ThinPoolSize};
 pub(crate) use report::{

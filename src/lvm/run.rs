@@ -3,14 +3,74 @@
 //! is counted for /metrics ([`crate::runs`]), and a failure is sorted into
 //! an [`LvmError`] kind by what lvm's stderr says.
 
-use std::time::Duration;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
 
 use super::args::command_args;
 use crate::command::{Cmd, CommandError};
 
-/// Limit for one lvm call. Metadata operations take well under a second; the
-/// limit only catches a hung device.
-const LVM_TIMEOUT: Duration = Duration::from_secs(60);
+/// The least time one lvm run is given by default (`localvol serve
+/// --lvm-timeout`). Metadata operations take well under a second on a quiet
+/// node; the limit only catches a hung device.
+pub const LVM_TIMEOUT_FLOOR: Duration = Duration::from_secs(60);
+/// The floor in force, in ms ([`set_timeout_floor`]).
+static FLOOR_MS: AtomicU64 = AtomicU64::new(60_000);
+/// The most: past it a run is taken for hung however slow the node is.
+const LVM_TIMEOUT_CEILING: Duration = Duration::from_secs(600);
+/// A run gets this many times the node's typical run before it is killed,
+/// by default (`localvol serve --lvm-timeout-factor`).
+pub const SLOWDOWN: u64 = 40;
+/// The factor in force ([`set_timeout`]).
+static FACTOR: AtomicU64 = AtomicU64::new(SLOWDOWN);
+/// A run slower than this is logged.
+const SLOW_RUN: Duration = Duration::from_secs(10);
+
+/// The typical lvm run on this node, in ms: a moving average (1/8 weight
+/// to each new run) of how long runs took, a killed one counted at its
+/// limit. On a loaded node lvm waits for the CPU, the disks and the VG lock
+/// held by the runs queued before it; a fixed limit then kills runs that
+/// would have finished (and a killed health check used to make a pool
+/// unusable), so the limit follows the node.
+static TYPICAL_MS: AtomicU64 = AtomicU64::new(0);
+
+/// The time limit for a run when the typical one takes `typical_ms`:
+/// `factor` times that, at least `floor`.
+fn limit_for(typical_ms: u64, floor: Duration, factor: u64) -> Duration {
+    let floor = floor.min(LVM_TIMEOUT_CEILING);
+    Duration::from_millis(typical_ms.saturating_mul(factor)).clamp(floor, LVM_TIMEOUT_CEILING)
+}
+
+/// Sets the least time an lvm run gets and how many typical runs it gets
+/// (`localvol serve --lvm-timeout`, `--lvm-timeout-factor`; the limit is at
+/// most the ceiling, 10 minutes).
+pub fn set_timeout(floor: Duration, factor: u64) {
+    let ms = u64::try_from(floor.as_millis()).unwrap_or(u64::MAX);
+    FLOOR_MS.store(ms, Ordering::Relaxed);
+    FACTOR.store(factor.max(1), Ordering::Relaxed);
+}
+
+/// The typical run after one that took `ms`.
+fn next_typical(typical_ms: u64, ms: u64) -> u64 {
+    if ms >= typical_ms {
+        typical_ms + (ms - typical_ms) / 8
+    } else {
+        typical_ms - (typical_ms - ms) / 8
+    }
+}
+
+/// The time limit of the next lvm run on this node.
+pub fn current_limit() -> Duration {
+    let floor = Duration::from_millis(FLOOR_MS.load(Ordering::Relaxed));
+    let factor = FACTOR.load(Ordering::Relaxed);
+    limit_for(TYPICAL_MS.load(Ordering::Relaxed), floor, factor)
+}
+
+fn record_run(took: Duration) {
+    let ms = u64::try_from(took.as_millis()).unwrap_or(u64::MAX);
+    let _ = TYPICAL_MS.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |t| {
+        Some(next_typical(t, ms))
+    });
+}
 
 #[derive(Debug, thiserror::Error)]
 pub enum LvmError {
@@ -85,15 +145,31 @@ fn counted_as(sub: &str) -> &'static str {
 }
 
 pub(super) async fn run(args: Vec<String>) -> Result<String, LvmError> {
-    crate::runs::count_lvm_run(counted_as(args.first().map_or("", String::as_str)));
-    Cmd::new("lvm")
+    let sub = counted_as(args.first().map_or("", String::as_str));
+    crate::runs::count_lvm_run(sub);
+    let limit = current_limit();
+    let started = Instant::now();
+    let res = Cmd::new("lvm")
         .args(command_args(args))
         .env("LVM_SUPPRESS_FD_WARNINGS", "1")
-        .timeout(LVM_TIMEOUT)
+        .timeout(limit)
         .run()
-        .await
-        .map(|o| o.stdout)
-        .map_err(classify)
+        .await;
+    let took = match &res {
+        Err(CommandError::Timeout { after, .. }) => *after,
+        _ => started.elapsed(),
+    };
+    record_run(took);
+    if took >= SLOW_RUN {
+        tracing::warn!(
+            command = sub,
+            seconds = took.as_secs_f64(),
+            limit_s = limit.as_secs(),
+            next_limit_s = current_limit().as_secs(),
+            "slow lvm run"
+        );
+    }
+    res.map(|o| o.stdout).map_err(classify)
 }
 
 pub(super) fn report_args(cmd: &str, fields: &str) -> Vec<String> {
@@ -115,6 +191,51 @@ pub(super) fn report_args(cmd: &str, fields: &str) -> Vec<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_limit_follows_the_typical_run_within_its_bounds() {
+        const F: Duration = LVM_TIMEOUT_FLOOR;
+        const X: u64 = SLOWDOWN;
+        // A quiet node: well under a second a run, the floor.
+        assert_eq!(limit_for(0, F, X), LVM_TIMEOUT_FLOOR);
+        assert_eq!(limit_for(300, F, X), LVM_TIMEOUT_FLOOR);
+        // 40 times the typical run once that is above the floor.
+        assert_eq!(limit_for(5_000, F, X), Duration::from_secs(200));
+        assert_eq!(limit_for(u64::MAX, F, X), LVM_TIMEOUT_CEILING);
+        // One run killed at the floor on a quiet node: the next runs get
+        // minutes, so lvm that got slow (75 s a run) finishes.
+        let t = next_typical(300, 60_000);
+        assert!(
+            limit_for(t, F, X) > Duration::from_secs(75),
+            "{:?}",
+            limit_for(t, F, X)
+        );
+        // ... and once lvm is fast again the limit comes back down.
+        let mut t = next_typical(t, 75_000);
+        assert_eq!(limit_for(t, F, X), LVM_TIMEOUT_CEILING);
+        for _ in 0..40 {
+            t = next_typical(t, 300);
+        }
+        assert_eq!(limit_for(t, F, X), LVM_TIMEOUT_FLOOR);
+        // An operator's floor counts, up to the ceiling.
+        assert_eq!(
+            limit_for(300, Duration::from_secs(3), X),
+            Duration::from_secs(12)
+        );
+        assert_eq!(
+            limit_for(0, Duration::from_secs(3), X),
+            Duration::from_secs(3)
+        );
+        assert_eq!(
+            limit_for(0, Duration::from_secs(3600), X),
+            LVM_TIMEOUT_CEILING
+        );
+        // And an operator's factor.
+        assert_eq!(
+            limit_for(1_300, Duration::from_secs(2), 4),
+            Duration::from_millis(5_200)
+        );
+    }
 
     #[test]
     fn runs_count_under_their_subcommand_or_other() {

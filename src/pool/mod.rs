@@ -287,6 +287,16 @@ impl Health {
     }
 }
 
+/// Health checks that timed out (lvm too slow to answer): they keep the
+/// last answer, so they are counted apart.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct SlowChecks {
+    /// Since the last check that answered.
+    pub in_a_row: u32,
+    /// Since start.
+    pub total: u64,
+}
+
 /// Why a pool cannot serve: its storage is gone, is not what the pool
 /// opened, or was not there to open. The pool's RPCs are refused with the
 /// reason and it offers no capacity until the storage is back; the
@@ -460,6 +470,16 @@ pub trait Pool: NodeSide {
     /// Whether the pool can serve now, from what is on the node (Probe,
     /// `/readyz` and the `pool_ready` gauge ask it; cheap enough for each).
     async fn health(&self) -> Health;
+    /// The health checks that timed out (a pool whose checks cannot time
+    /// out has none).
+    fn slow_checks(&self) -> SlowChecks {
+        SlowChecks::default()
+    }
+    /// Why the pool is degraded: its last health checks all timed out. It
+    /// still serves; `/readyz` and `localvol_pool_degraded` say so.
+    fn degraded(&self) -> Option<String> {
+        None
+    }
     /// Creates the volume, or returns it when an identical request already did.
     /// ALREADY_EXISTS when a volume with this id exists but does not match.
     async fn create(&self, req: &CreateRequest) -> Result<Volume>;

@@ -26,6 +26,7 @@ mod grpc_clients;
 mod identity;
 mod immediate_binding;
 mod lifecycle;
+mod liveness;
 mod node;
 mod node_replace;
 mod static_volumes;

@@ -35,7 +35,7 @@ use async_trait::async_trait;
 
 use super::{
     AccessType, Capacity, CapacityRange, CreateRequest, Expanded, Health, IoLimits, Pool,
-    PoolError, Result, Snapshots, ThinUsage, Volume, Wipes,
+    PoolError, Result, SlowChecks, Snapshots, ThinUsage, Volume, Wipes,
 };
 use crate::blockdev::FsType;
 use crate::config::{LvmPoolConfig, DEFAULT_THIN_FULL_PERCENT, DEFAULT_VOLUME_SIZE};
@@ -57,7 +57,7 @@ mod wipe;
 
 use capacity::*;
 use create::Sized;
-use health::{HealthCache, HEALTH_TTL};
+use health::{Checked, HealthCache, DEGRADED_AFTER, HEALTH_TTL};
 use index::LvIndex;
 use restore::*;
 use tags::*;
@@ -128,12 +128,23 @@ impl LvmPool {
             index,
             extent: std::sync::atomic::AtomicU64::new(0),
         };
-        if let Health::Unusable(why) = Self::check(pool.vg.clone(), pool.thin.clone()).await {
-            return Err(PoolError::Misconfigured {
-                pool: pool.name.to_string(),
-                why: why.to_string(),
-            });
+        match Self::check(pool.vg.clone(), pool.thin.clone()).await {
+            Checked::Known(Health::Ready) => {}
+            Checked::Known(Health::Unusable(why)) => {
+                return Err(PoolError::Misconfigured {
+                    pool: pool.name.to_string(),
+                    why: why.to_string(),
+                })
+            }
+            // Opened by a later try (the pool monitor's).
+            Checked::TimedOut(why) => {
+                return Err(PoolError::Misconfigured {
+                    pool: pool.name.to_string(),
+                    why: format!("its health check gave no answer: {why}"),
+                })
+            }
         }
+        pool.health = HealthCache::new(pool.name.as_str(), Health::Ready);
         // One `lvs` fills the index and gives the extent size and the VG's
         // UUID (the pool's storage identity).
         let uuid = pool
@@ -168,7 +179,7 @@ impl LvmPool {
     /// Asks lvm now (no cache): the VG, and the thin pool if there is one.
     /// It owns what it needs, so that it can run in a task of its own (the
     /// health cache's refresh, which no caller may cancel).
-    async fn check(vg_name: String, thin: Option<String>) -> Health {
+    async fn check(vg_name: String, thin: Option<String>) -> Checked {
         let vg = lvm::vg(&vg_name).await;
         let thin = match (&thin, &vg) {
             (Some(thin), Ok(_)) => Some((thin.as_str(), lvm::lv(&vg_name, thin).await)),
@@ -592,6 +603,20 @@ impl Pool for LvmPool {
         self.health
             .get(HEALTH_TTL, move || Self::check(vg, thin))
             .await
+    }
+
+    fn slow_checks(&self) -> SlowChecks {
+        self.health.slow()
+    }
+
+    fn degraded(&self) -> Option<String> {
+        let n = self.health.slow().in_a_row;
+        (n >= DEGRADED_AFTER).then(|| {
+            format!(
+                "its last {n} health checks timed out (lvm is slow: a busy node or disk); \
+                 its volumes' RPCs are still served"
+            )
+        })
     }
 
     async fn create(&self, req: &CreateRequest) -> Result<Volume> {
