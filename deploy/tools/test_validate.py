@@ -227,6 +227,71 @@ class PoolMounts(unittest.TestCase):
         self.assertEqual(r.failed, 1)
 
 
+class Probes(unittest.TestCase):
+    """Probes judge liveness, not latency."""
+    GOOD = {"periodSeconds": 10, "failureThreshold": 6}
+
+    def container(self, **probes):
+        return {"name": "c", **probes}
+
+    def test_several_failures_over_a_minute(self):
+        ok = self.container(startupProbe={"periodSeconds": 5, "failureThreshold": 120},
+                            livenessProbe=self.GOOD, readinessProbe={"periodSeconds": 20, "failureThreshold": 3})
+        self.assertEqual(validate.probe_problems(ok), [])
+        for kind in validate.PROBES:
+            for probe, says in [({"periodSeconds": 20, "timeoutSeconds": 10, "failureThreshold": 1}, "1 < 3"),
+                                ({"periodSeconds": 2, "failureThreshold": 20}, "20 x 2 < 60"),
+                                ({}, "3 x 10 < 60")]:   # Kubernetes' defaults
+                c = self.container(**{"startupProbe": self.GOOD, kind: probe})
+                problems = validate.probe_problems(c)
+                self.assertTrue(any(p.startswith(kind) and says in p for p in problems), (kind, problems))
+
+    def test_liveness_needs_a_startup_probe(self):
+        self.assertEqual(validate.probe_problems(self.container(livenessProbe=self.GOOD)),
+                         ["livenessProbe without a startupProbe"])
+        self.assertEqual(validate.probe_problems(self.container(readinessProbe=self.GOOD)), [])
+
+    def test_check_probes_names_the_container(self):
+        pod = {"containers": [self.container(startupProbe=self.GOOD, livenessProbe=self.GOOD),
+                              {"name": "csi-resizer", "livenessProbe": {"periodSeconds": 20, "failureThreshold": 1}}]}
+        _, r = quiet(validate.check_probes, "t", "DaemonSet", pod)
+        self.assertEqual((r.passed, r.failed), (0, 1))
+        pod["containers"].pop()
+        _, r = quiet(validate.check_probes, "t", "DaemonSet", pod)
+        self.assertEqual((r.passed, r.failed), (1, 0))
+
+    def test_localvol_liveness_is_its_own_listener(self):
+        given = {"metrics-addr": ":9808", "liveness-addr": ":9809"}
+        probe = lambda port, path="/healthz": {"httpGet": {"path": path, "port": port}}
+        c = {"ports": [{"name": "metrics", "containerPort": 9808}, {"name": "health", "containerPort": 9809}],
+             "startupProbe": probe("health"), "livenessProbe": probe(9809)}
+        self.assertEqual(validate.liveness_problems(c, given), [])
+        # The metrics port's /healthz answers while the driver hangs.
+        bad = dict(c, livenessProbe=probe("metrics"))
+        self.assertEqual(validate.liveness_problems(bad, given), ["livenessProbe asks /healthz on port metrics"])
+        self.assertEqual(validate.liveness_problems(dict(c, startupProbe=probe("health", "/readyz")), given),
+                         ["startupProbe asks /readyz on port health"])
+        self.assertIn("--liveness-addr is the metrics port 9808",
+                      validate.liveness_problems(c, dict(given, **{"liveness-addr": ":9808"})))
+        # The old wiring: no --liveness-addr, probes on a sidecar's port.
+        self.assertEqual(len(validate.liveness_problems(c, {"metrics-addr": ":9808"})), 3)
+
+    def test_leader_election_timings(self):
+        self.assertEqual(validate.go_duration("2m17s"), 137)
+        self.assertIsNone(validate.go_duration("137"))
+        le = lambda lease, renew, retry: {"leader-election-lease-duration": lease,
+                                          "leader-election-renew-deadline": renew,
+                                          "leader-election-retry-period": retry}
+        self.assertEqual(validate.leader_election_problems(le("137s", "107s", "26s")), [])
+        self.assertEqual(validate.leader_election_problems({}), [])   # upstream's 15s, 10s, 5s
+        self.assertEqual(len(validate.leader_election_problems(le("60s", "60s", "10s"))), 1)
+        self.assertEqual(len(validate.leader_election_problems(le("137s", "30s", "26s"))), 1)
+        self.assertEqual(len(validate.leader_election_problems(le("137", "107s", "26s"))), 1)
+
+    def test_the_livenessprobe_sidecar_is_gone(self):
+        self.assertNotIn("livenessprobe", validate.SIDECARS)
+
+
 @unittest.skipUnless(os.environ.get("LOCALVOL_BIN"), "LOCALVOL_BIN not set: no binary to ask")
 class FormatParams(unittest.TestCase):
     LVM = {"type": "lvm", "defaultFsType": "xfs"}

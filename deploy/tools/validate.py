@@ -39,7 +39,7 @@ K8S_VERSIONS = ["1.27", "1.37"]
 #
 # Accepted flags: from each sidecar's own documentation for the pinned release
 # (README "Command line options" of kubernetes-csi/external-provisioner,
-# external-resizer, external-snapshotter, node-driver-registrar, livenessprobe;
+# external-resizer, external-snapshotter, node-driver-registrar;
 # klog's -v stays after KEP-2845, csi-provisioner v5.2.0 CHANGELOG adds
 # --logging-format; v6.4.0 and csi-resizer v2.3.0 add --automaxprocs). Deprecated flags (--metrics-address, --master, ...) are
 # left out on purpose.
@@ -118,16 +118,6 @@ SIDECARS = {
         "forbidden": set(),
         "env": {},
     },
-    "livenessprobe": {
-        "tag": "v2.15.0",
-        # cmd/livenessprobe/main.go: --health-port and --metrics-address are
-        # deprecated (and exclusive with --http-endpoint).
-        "flags": {"csi-address", "http-endpoint", "probe-timeout", "metrics-path", "v"},
-        "feature_gates": set(),
-        "required": {"csi-address": "/csi/csi.sock", "http-endpoint": None},
-        "forbidden": {"health-port", "metrics-address"},
-        "env": {},
-    },
 }
 
 # What each pinned sidecar's own RBAC grants upstream, per release:
@@ -136,7 +126,7 @@ SIDECARS = {
 # external-resizer deploy/kubernetes/rbac.yaml and external-snapshotter
 # deploy/kubernetes/csi-snapshotter/rbac-csi-snapshotter.yaml (rules that are
 # commented out there, such as secrets, are not grants). node-driver-registrar
-# and livenessprobe do not call the API server. A sidecar tag that is not the
+# does not call the API server. A sidecar tag that is not the
 # one written here fails the check: bump the table with the image.
 UPSTREAM_RBAC = {
     "csi-provisioner": ("v6.4.0", "provisioner", {
@@ -423,6 +413,17 @@ KEY_FIELD = "encryptionKey"
 VSC_PARAMS = re.compile(r"^(snapshotSize|csi\.storage\.k8s\.io/.+)$")
 # /sys/fs/cgroup: the node's cgroup v2 tree, where LVM volumes' IO limits go.
 LVM_HOST_PATHS = ["/dev", "/etc/lvm", "/run/lvm", "/run/lock/lvm", "/run/udev", "/sys/fs/cgroup"]
+# kubelet's probes judge liveness, not latency (a loaded node once
+# restarted containers whose probes gave up after one slow answer): every
+# probe needs MIN_FAILURES failures in a row spanning MIN_FAILURE_SECONDS, and
+# a container with a livenessProbe a startupProbe for its start.
+PROBES = ("startupProbe", "livenessProbe", "readinessProbe")
+MIN_FAILURES, MIN_FAILURE_SECONDS = 3, 60
+# Kubernetes' defaults of the fields a probe leaves out.
+PROBE_DEFAULTS = {"periodSeconds": 10, "failureThreshold": 3}
+# client-go leaderelection.JitterFactor: NewLeaderElector refuses a
+# renewDeadline not above it times retryPeriod.
+LE_JITTER = 1.2
 
 
 class Report:
@@ -490,6 +491,22 @@ def log_env(help_text):
     """RUST_LOG when the --help text says the command reads it (the log
     filter: tracing's EnvFilter, not a clap argument, so no [env: ...])."""
     return {"RUST_LOG"} if re.search(r"\bRUST_LOG\b", help_text) else set()
+
+
+def addr_port(addr):
+    """The port of a listen address such as ':9809' or '[::]:9809', or None."""
+    try:
+        return int((addr or "").rsplit(":", 1)[1])
+    except (IndexError, ValueError):
+        return None
+
+
+def go_duration(text):
+    """Seconds of a Go duration such as '137s' or '2m17s', or None."""
+    parts = re.findall(r"([0-9]+(?:\.[0-9]+)?)(ms|s|m|h)", text or "")
+    if not parts or "".join(n + u for n, u in parts) != text:
+        return None
+    return sum(float(n) * {"ms": 0.001, "s": 1, "m": 60, "h": 3600}[u] for n, u in parts)
 
 
 def image_parts(image):
@@ -768,26 +785,94 @@ def check_localvol(render, ds, docs, help_info):
     # Metrics address and probes.
     maddr = given.get("metrics-addr")
     if maddr is not None:
-        port = int(maddr.rsplit(":", 1)[1])
-        ports = {p.get("name"): p["containerPort"] for p in c.get("ports", [])}
-
-        def probe_port(probe):
-            p = (c.get(probe) or {}).get("httpGet", {}).get("port")
-            return ports.get(p) if isinstance(p, str) else p
+        port = addr_port(maddr)
         rp = c.get("readinessProbe", {})
-        R.check(ports.get("metrics") == port and probe_port("readinessProbe") == port
+        R.check(container_port(c, "metrics") == port and probe_port(c, "readinessProbe") == port
                 and rp.get("httpGet", {}).get("path") == "/readyz",
                 f"{render}: metrics port {port} is the container port 'metrics' and "
                 f"serves the readiness probe (/readyz)")
-        # Liveness must not be the driver's own /healthz, which answers as long
-        # as the process runs: see check_sidecars (the liveness-probe sidecar).
-        R.check(probe_port("livenessProbe") != port,
-                f"{render}: localvol's livenessProbe is not its own metrics port {port} "
-                "(which answers while the gRPC server hangs)")
+    R.check(not liveness_problems(c, given), f"{render}: localvol's startup and liveness probes ask "
+            f"/healthz on its --liveness-addr ({given.get('liveness-addr')}), not the metrics port",
+            "; ".join(liveness_problems(c, given)))
     return c, cfg, socket_vol
 
 
-def check_sidecars(render, ds, localvol, socket_vol, kubelet_dir):
+def container_port(c, port):
+    """A probe's port as a number: a named port is looked up in c's ports."""
+    if isinstance(port, str):
+        return next((p["containerPort"] for p in c.get("ports", []) if p.get("name") == port), None)
+    return port
+
+
+def probe_port(c, probe):
+    return container_port(c, ((c.get(probe) or {}).get("httpGet") or {}).get("port"))
+
+
+def liveness_problems(c, given):
+    """The localvol container's liveness is its own --liveness-addr (a thread
+    of its own that fails only when the driver is dead), never the metrics
+    port, whose /healthz answers as long as the process runs. given: its
+    flags."""
+    lport, mport = addr_port(given.get("liveness-addr")), addr_port(given.get("metrics-addr"))
+    out = []
+    if lport is None:
+        out.append(f"--liveness-addr {given.get('liveness-addr')!r} names no port")
+    elif lport == mport:
+        out.append(f"--liveness-addr is the metrics port {mport}")
+    for probe in ("startupProbe", "livenessProbe"):
+        hg = (c.get(probe) or {}).get("httpGet") or {}
+        if lport is None or hg.get("path") != "/healthz" or probe_port(c, probe) != lport:
+            out.append(f"{probe} asks {hg.get('path')} on port {hg.get('port')}")
+    return out
+
+
+def probe_problems(container):
+    """What one container's probes break of the rules above."""
+    out = []
+    for kind in PROBES:
+        p = container.get(kind)
+        if p is None:
+            continue
+        period = p.get("periodSeconds", PROBE_DEFAULTS["periodSeconds"])
+        failures = p.get("failureThreshold", PROBE_DEFAULTS["failureThreshold"])
+        if failures < MIN_FAILURES:
+            out.append(f"{kind} failureThreshold {failures} < {MIN_FAILURES}")
+        if failures * period < MIN_FAILURE_SECONDS:
+            out.append(f"{kind} failureThreshold x periodSeconds {failures} x {period} "
+                       f"< {MIN_FAILURE_SECONDS} s")
+    if container.get("livenessProbe") is not None and container.get("startupProbe") is None:
+        out.append("livenessProbe without a startupProbe")
+    return out
+
+
+def check_probes(render, what, pod):
+    """Every probe of every container of a pod template against the rules above."""
+    cs = pod.get("initContainers", []) + pod.get("containers", [])
+    bad = [f"{c['name']}: {p}" for c in cs for p in probe_problems(c)]
+    n = sum(1 for c in cs for k in PROBES if c.get(k) is not None)
+    R.check(not bad, f"{render}: {what}'s {n} probes need {MIN_FAILURES}+ failures in a row over "
+            f"{MIN_FAILURE_SECONDS}+ s, and a livenessProbe a startupProbe", "; ".join(bad))
+
+
+def leader_election_problems(given):
+    """What client-go's NewLeaderElector refuses (and the sidecar exits on)
+    in a sidecar's --leader-election-* flags; upstream's defaults (15s, 10s,
+    5s) where one is left out."""
+    t = {k: given.get(f"leader-election-{k}") or d for k, d in
+         (("lease-duration", "15s"), ("renew-deadline", "10s"), ("retry-period", "5s"))}
+    lease, renew, retry = (go_duration(t[k]) for k in ("lease-duration", "renew-deadline", "retry-period"))
+    if None in (lease, renew, retry):
+        return [f"not Go durations: {t}"]
+    out = []
+    if not lease > renew:
+        out.append(f"lease-duration {t['lease-duration']} is not above renew-deadline {t['renew-deadline']}")
+    if not renew > LE_JITTER * retry:
+        out.append(f"renew-deadline {t['renew-deadline']} is not above {LE_JITTER} x "
+                   f"retry-period {t['retry-period']}")
+    return out
+
+
+def check_sidecars(render, ds, socket_vol, kubelet_dir):
     pod = ds["spec"]["template"]["spec"]
     seen = {}
     for c in pod["containers"]:
@@ -846,24 +931,11 @@ def check_sidecars(render, ds, localvol, socket_vol, kubelet_dir):
                     f"{render}: registrar registers {want} (the socket directory's host path) "
                     f"through {kubelet_dir}/plugins_registry",
                     f"path={given.get('kubelet-registration-path')}, socket dir={sockhost}, registration={reg}")
-        if name == "livenessprobe" and localvol:
-            # kubelet restarts the driver when the sidecar's /healthz (CSI
-            # Probe over the socket) fails: both probes must ask it there.
-            ep = given.get("http-endpoint") or ""
-            want = ep.rsplit(":", 1)[-1] if ":" in ep else None
-            bad = []
-            for probe in ("startupProbe", "livenessProbe"):
-                hg = (localvol.get(probe) or {}).get("httpGet", {})
-                if str(hg.get("port")) != want or hg.get("path") != "/healthz":
-                    bad.append(f"{probe} {hg.get('path')}:{hg.get('port')}")
-            timeout = (localvol.get("livenessProbe") or {}).get("timeoutSeconds", 1)
-            pt = given.get("probe-timeout", "1s")
-            m = re.match(r"^(\d+)s$", pt or "")
-            if not m or int(m.group(1)) >= timeout:
-                bad.append(f"--probe-timeout={pt} is not below the livenessProbe timeoutSeconds {timeout}")
-            R.check(want is not None and not bad,
-                    f"{render}: localvol's startup and liveness probes ask the liveness-probe "
-                    f"sidecar's /healthz on its --http-endpoint ({ep})", "; ".join(bad))
+        if name == "csi-resizer" and "leader-election" in given:
+            R.check(not leader_election_problems(given),
+                    f"{render}: csi-resizer's leader-election timings are ones client-go accepts "
+                    f"(lease-duration > renew-deadline > {LE_JITTER} x retry-period)",
+                    "; ".join(leader_election_problems(given)))
     if socket_vol:
         # On SELinux nodes the privileged driver runs as spc_t and its socket
         # is out of reach of a confined (container_t) sidecar: every
@@ -874,7 +946,7 @@ def check_sidecars(render, ds, localvol, socket_vol, kubelet_dir):
                and ((c.get("securityContext") or {}).get("seLinuxOptions") or {}).get("type") != "spc_t"]
         R.check(not bad, f"{render}: every unprivileged container on the socket runs as SELinux "
                 "type spc_t", f"not: {', '.join(bad)}")
-    for required in ("csi-provisioner", "csi-resizer", "csi-node-driver-registrar", "livenessprobe"):
+    for required in ("csi-provisioner", "csi-resizer", "csi-node-driver-registrar"):
         R.check(required in seen, f"{render}: DaemonSet runs {required}")
     ports = [p["containerPort"] for c in pod["containers"] for p in c.get("ports", [])]
     R.check(len(ports) == len(set(ports)), f"{render}: container ports are distinct ({sorted(ports)})")
@@ -1112,8 +1184,9 @@ def check_render(render, path, help_info, shipped, chelp, binary):
         for a in localvol.get("args", []):
             if a.startswith("--kubelet-dir="):
                 kdir = a.split("=", 1)[1].rstrip("/")
-    sidecars = check_sidecars(render, ds, localvol, socket_vol, kdir)
+    sidecars = check_sidecars(render, ds, socket_vol, kdir)
     pod = ds["spec"]["template"]["spec"]
+    check_probes(render, "DaemonSet", pod)
     static = check_discovery(render, cfg, pod, localvol) if localvol and cfg else set()
     classes = ((cfg.get("discovery") or {}).get("classes") or []) if isinstance(cfg, dict) else []
     if any(isinstance(c, dict) and c.get("volumeMode") == "Block" for c in classes) \
@@ -1121,6 +1194,8 @@ def check_render(render, path, help_info, shipped, chelp, binary):
         R.block_only.add(render)
     api_user = isinstance(cfg, dict) and (cfg.get("discovery") is not None or cfg.get("orphans") is not None)
     controller = check_controller(render, docs, chelp)
+    if controller is not None:
+        check_probes(render, "controller Deployment", controller["spec"]["template"]["spec"])
     R.check(controller is not None or not shipped, f"{render}: the controller Deployment is deployed")
     lvm = any(p.get("type") == "lvm" for p in (pools or {}).values())
     check_rbac(render, docs, ds, sidecars, api_user, controller, lvm)
