@@ -112,16 +112,25 @@ $(events_of Pod "$name")
 claim events:
 $(pod_claim_events "$name")"
     fi
-    phase=$(kn get pod "$name" -o jsonpath='{.status.phase}')
+    phase=$(pod_result "$name")
     kn logs "$name" 2>/dev/null || true
     [ "$phase" = Succeeded ] || fail "pod $name ended $phase; its output:
 $(kn logs "$name" 2>&1 | tail -20)
 pod events:
 $(events_of Pod "$name")"
 }
-pod_done() {
-    case "$(kn get pod "$1" -o jsonpath='{.status.phase}')" in Succeeded | Failed) return 0 ;; esac
-    return 1
+pod_done() { [ -n "$(pod_result "$1")" ]; }
+# pod_result NAME: Succeeded or Failed once the pod's one container has ended, else nothing.
+# The container's own end counts: a busy kubelet reports the pod's terminal phase only after
+# it tore the pod's sandbox down, which can take minutes more (the user already sees
+# "Completed").
+pod_result() {
+    local out
+    out=$(kn get pod "$1" -o jsonpath='{.status.phase} {.status.containerStatuses[0].state.terminated.exitCode}')
+    case "$out" in
+    Succeeded* | "Running 0" | "Pending 0") echo Succeeded ;;
+    Failed* | "Running "[0-9]* | "Pending "[0-9]*) echo Failed ;;
+    esac
 }
 pod_claim_events() {
     local c
@@ -166,6 +175,25 @@ pod_running() { [ "$(kn get pod "$1" -o jsonpath='{.status.phase}')" = Running ]
 delete_pod() {
     kn delete pod "$1" --wait=true --timeout="${E2E_TIMEOUT}s" >/dev/null ||
         fail "pod $1 was not deleted in ${E2E_TIMEOUT}s: $(events_of Pod "$1")"
+}
+
+# delete_pods NAME... — delete_pod for several pods at once (kubelet tears them down together).
+delete_pods() {
+    kn delete pod "$@" --wait=true --timeout="${E2E_TIMEOUT}s" >/dev/null ||
+        fail "pods $* were not all deleted in ${E2E_TIMEOUT}s"
+}
+
+# delete_claims NAME... — delete_claim for several claims at once: all deleted, then every
+# one's PV waited for.
+delete_claims() {
+    local c pvs=()
+    for c in "$@"; do pvs+=("$c=$(pv_of "$c")"); done
+    kn delete pvc "$@" --wait=false >/dev/null
+    for c in "${pvs[@]}"; do
+        [ -n "${c#*=}" ] || continue
+        wait_for "PV ${c#*=} deleted" "$E2E_TIMEOUT" pv_gone "${c#*=}" ||
+            fail "PV ${c#*=} of claim ${c%%=*} is still there ${E2E_TIMEOUT}s after the claim was deleted (phase $(k get pv "${c#*=}" -o jsonpath='{.status.phase}'))"
+    done
 }
 
 # The PV a claim is bound to.

@@ -22,12 +22,15 @@ handle=$(k get pv "$pv" -o jsonpath='{.spec.csi.volumeHandle}')
 [ -n "$handle" ] || fail "PV $pv has no CSI volume handle"
 node=$(k get pv "$pv" -o jsonpath='{.spec.nodeAffinity.required.nodeSelectorTerms[0].matchExpressions[0].values[0]}')
 [ -n "$node" ] || fail "PV $pv has no node affinity: a local volume must be pinned to its node"
-dirs=$(on_node ls /var/lib/localvol-dirpool/quota/volumes)
-[ -n "$dirs" ] || fail "no volume directory on the node while the claim is bound"
+# The volume's directory is named by the id in its handle (quota.<id>); other stories'
+# volumes may share the pool.
+dir=/var/lib/localvol-dirpool/quota/volumes/${handle#*.}
+present() { [ "$(on_node sh -c "test -e '$dir' && echo present || echo absent")" = present ]; }
+absent() { [ "$(on_node sh -c "test -e '$dir' && echo present || echo absent")" = absent ]; }
+present || fail "no volume directory $dir on the node while the claim is bound"
 
 delete_pod writer
 delete_claim data
-gone() { [ -z "$(on_node ls /var/lib/localvol-dirpool/quota/volumes)" ]; }
-wait_for "directory removed" 60 gone ||
-    fail "the volume's directory is still on the node after its claim was deleted: $(on_node ls -la /var/lib/localvol-dirpool/quota/volumes)"
+wait_for "directory removed" 60 absent ||
+    fail "the volume's directory is still on the node after its claim was deleted: $(on_node ls -la "$dir")"
 say "bound on first consumer, 16 MiB written, the write past 32 MiB refused, directory removed"

@@ -4,27 +4,40 @@
 . "$(dirname "$0")/../lib.sh"
 start_story
 
-size_kib() { kn exec grow -- df -kP /data | awk 'NR==2 {print $2}'; }
+size_kib() { kn exec "$1" -- df -kP /data | awk 'NR==2 {print $2}'; }
 kib() { echo $(( ${1%Mi} * 1024 )); }
 # Half-way between the two sizes: what df shows once the filesystem has grown.
-grown() { [ "$(size_kib)" -gt $(( ($(kib "$1") + $(kib "$2")) / 2 )) ]; }
+grown() { [ "$(size_kib "$1")" -gt $(( ($(kib "$2") + $(kib "$3")) / 2 )) ]; }
 
-# The thin class makes XFS, which mkfs.xfs cannot make under 300 MiB: it starts at 320Mi.
-for spec in "localvol-thin 320Mi 512Mi" "localvol-thick 64Mi 128Mi" "localvol-quota 64Mi 128Mi"; do
-    read -r class from to <<<"$spec"
-    pvc data "$class" "$from"
-    sleeper_pod grow data
-    before=$(size_kib)
+# grow CLASS FROM TO: a running pod's claim of CLASS patched from FROM to TO.
+grow() {
+    local class=$1 from=$2 to=$3 c=data-$1 p=grow-$1 before cap
+    pvc "$c" "$class" "$from"
+    sleeper_pod "$p" "$c"
+    before=$(size_kib "$p")
     [ "$before" -le "$(kib "$from")" ] || fail "$class: a $from volume shows ${before} KiB in the pod"
-    kn patch pvc data --type merge -p "{\"spec\":{\"resources\":{\"requests\":{\"storage\":\"$to\"}}}}" >/dev/null
-    wait_for "filesystem grown" "$E2E_TIMEOUT" grown "$from" "$to" ||
-        fail "$class: the pod still sees $(size_kib) KiB ${E2E_TIMEOUT}s after the claim asked for $to; claim events:
-$(events_of PersistentVolumeClaim data)
-conditions: $(kn get pvc data -o jsonpath='{.status.conditions}')"
-    cap=$(kn get pvc data -o jsonpath='{.status.capacity.storage}')
+    kn patch pvc "$c" --type merge -p "{\"spec\":{\"resources\":{\"requests\":{\"storage\":\"$to\"}}}}" >/dev/null
+    wait_for "filesystem grown" "$E2E_TIMEOUT" grown "$p" "$from" "$to" ||
+        fail "$class: the pod still sees $(size_kib "$p") KiB ${E2E_TIMEOUT}s after the claim asked for $to; claim events:
+$(events_of PersistentVolumeClaim "$c")
+conditions: $(kn get pvc "$c" -o jsonpath='{.status.conditions}')"
+    # The claim's status follows the filesystem: kubelet reports the node expansion done.
+    at_size() { [ "$(kn get pvc "$c" -o jsonpath='{.status.capacity.storage}')" = "$to" ]; }
+    wait_for "claim capacity $to" "$E2E_TIMEOUT" at_size || true
+    cap=$(kn get pvc "$c" -o jsonpath='{.status.capacity.storage}')
     expect_eq "$class: claim's capacity after expansion" "$cap" "$to"
-    delete_pod grow
-    delete_claim data
+    delete_pod "$p"
+    delete_claim "$c"
+}
+
+# The three classes at once (each in a subshell: its failure is its exit), beside the
+# refused expansion below. The thin class makes XFS, which mkfs.xfs cannot make under
+# 300 MiB: it starts at 320Mi.
+growers=()
+for spec in "localvol-thin 320Mi 512Mi" "localvol-thick 64Mi 128Mi" "localvol-quota 64Mi 128Mi"; do
+    # shellcheck disable=SC2086
+    (trap - EXIT; grow $spec) &
+    growers+=("$!:${spec%% *}")
 done
 
 # Too large: the node's VG cannot hold 64Gi. The PV keeps its size and the claim says why.
@@ -47,4 +60,7 @@ wait_for "recovered at 96Mi" "$E2E_TIMEOUT" recovered ||
 $(events_of PersistentVolumeClaim big | tail -5)"
 delete_pod big-pod
 delete_claim big
+for g in "${growers[@]}"; do
+    wait "${g%%:*}" || fail "${g#*:}: online expansion failed (see above)"
+done
 say "thin, thick and quota volumes grew online; a too-large expansion was refused with its reason and recovered at a smaller size"

@@ -8,7 +8,7 @@
 start_story
 
 node_pod() { k -n "$E2E_NS" get pods -l app.kubernetes.io/component=node -o jsonpath='{.items[0].metadata.name}'; }
-writer() { # NAME CLAIM: appends a line a second to /data/log
+writer() { # NAME CLAIM: appends a line a second to /data/log (not waited for)
     kn apply -f - >/dev/null <<YAML
 apiVersion: v1
 kind: Pod
@@ -22,7 +22,6 @@ spec:
       volumeMounts: [{name: d, mountPath: /data}]
   volumes: [{name: d, persistentVolumeClaim: {claimName: $2}}]
 YAML
-    wait_running "$1"
 }
 lines() { kn exec "$1" -- sh -c 'wc -l </data/log'; }
 still_writing() { # NAME: the log grows and the pod never restarted
@@ -44,6 +43,8 @@ pvc a localvol-thick 64Mi
 pvc b localvol-quota 32Mi
 writer wa a
 writer wb b
+wait_running wa
+wait_running wb
 
 old=$(node_pod)
 k -n "$E2E_NS" delete pod "$old" --wait=false >/dev/null
@@ -72,6 +73,6 @@ still_writing wa
 still_writing wb
 fresh_pod_mounts rollback
 
-delete_pod wa; delete_pod wb
-delete_claim a; delete_claim b
+delete_pods wa wb
+delete_claims a b
 say "applications kept writing through a node plugin restart, helm upgrade and helm rollback"

@@ -8,15 +8,20 @@
 start_story
 
 vols="thin:localvol-thin:300Mi thick:localvol-thick:64Mi enc:localvol-encrypted:64Mi dir:localvol-quota:32Mi"
+# All claims and pods at once, as a user's manifests arrive; then each one waited for.
 for v in $vols; do
     IFS=: read -r name class size <<<"$v"
     pvc "$name" "$class" "$size"
-    sleeper_pod "p-$name" "$name"
+    apply_sleeper "p-$name" "$name"
+done
+pvc raw localvol-thick 16Mi Block
+apply_sleeper p-raw raw Block
+for v in $vols raw; do wait_running "p-${v%%:*}"; done
+for v in $vols; do
+    IFS=: read -r name class size <<<"$v"
     kn exec "p-$name" -- sh -c "echo $name-kept >/data/keep && sync" ||
         fail "pod p-$name could not write to its $class volume"
 done
-pvc raw localvol-thick 16Mi Block
-sleeper_pod p-raw raw Block
 kn exec p-raw -- sh -c 'echo raw-kept | dd of=/dev/xvda conv=fsync 2>/dev/null' ||
     fail "pod p-raw could not write to its block device"
 
@@ -71,6 +76,8 @@ done
 data_kept "after the node rebooted"
 new_claim_mounts reboot "node reboot"
 
-for v in $vols raw; do delete_pod "p-${v%%:*}"; done
-for v in $vols raw; do delete_claim "${v%%:*}"; done
+pods=() claims=()
+for v in $vols raw; do pods+=("p-${v%%:*}"); claims+=("${v%%:*}"); done
+delete_pods "${pods[@]}"
+delete_claims "${claims[@]}"
 say "pods on thin, thick, encrypted, quota and raw volumes kept their data through a kubelet restart (not restarted) and a node reboot (restarted, volumes staged again)"
