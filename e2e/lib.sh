@@ -7,14 +7,15 @@
 #   E2E_CLUSTER   the cluster script (e2e/cluster): `kubectl ARGS`, `node CMD`
 #   E2E_NS        the release namespace of the driver (default localvol)
 #   E2E_IMAGE     the image application pods run (busybox with its applets)
-#   E2E_TIMEOUT   default seconds a wait may take (default 240: the node is TCG-slow)
+#   E2E_TIMEOUT   default seconds a wait may take (default 360: the node is TCG-slow, and
+#                 under make test it shares the cores with the VM suites)
 set -euo pipefail
 
 E2E_ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 E2E_CLUSTER=${E2E_CLUSTER:-$E2E_ROOT/cluster}
 E2E_NS=${E2E_NS:-localvol}
 E2E_IMAGE=${E2E_IMAGE:-localvol-e2e/busybox:1}
-E2E_TIMEOUT=${E2E_TIMEOUT:-240}
+E2E_TIMEOUT=${E2E_TIMEOUT:-360}
 STORY=${STORY:-$(basename "$0" .sh)}
 # Each story works in a namespace of its own, deleted when it ends (e2e/run checks that
 # nothing of it is left on the node).
