@@ -2,7 +2,7 @@
 //! a cgroup v2 tree laid out as kubelet's systemd driver lays it out, a
 //! process in the pod's cgroup writing with O_DIRECT through the published
 //! volume, its throughput measured. For a plain and an encrypted volume of a
-//! thick and a thin pool: the limit of CreateVolume holds (within 10%), a
+//! thick and a thin pool: the limit of CreateVolume holds (10% over at most), a
 //! ControllerModifyVolume while published takes effect without a remount,
 //! and a driver restart and a republish keep it. Ground truth is the
 //! kernel's: the measured rate and the cgroup's own `io.max`.
@@ -113,12 +113,17 @@ fn dev_number(dev: &Path) -> (u32, u32) {
 }
 
 #[track_caller]
+/// The limit holds: no more than 10% over it. Under it by at most 40%: a
+/// guest sharing its host's cores with other work (make test runs this beside
+/// the e2e cluster) writes slower than any limit; the cgroup's own `io.max`,
+/// checked exactly, says which limit is set, and 60% of the faster of two
+/// limits 4x apart is still above the slower one's ceiling.
 fn assert_rate(what: &str, measured: f64, limit_mib: f64) {
-    let (lo, hi) = (limit_mib * 0.9, limit_mib * 1.1);
+    let (lo, hi) = (limit_mib * 0.6, limit_mib * 1.1);
     println!("{what}: limit {limit_mib} MiB/s, measured {measured:.2} MiB/s");
     assert!(
         (lo..=hi).contains(&measured),
-        "{what}: {measured:.2} MiB/s written, the limit is {limit_mib} MiB/s (10% either way)"
+        "{what}: {measured:.2} MiB/s written, the limit is {limit_mib} MiB/s (at most 10% over, 40% under)"
     );
 }
 
