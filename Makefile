@@ -37,8 +37,9 @@ run: build
 # The host stages first, one after another (cargo wants both cores), then the VM suites
 # (test-vm, then test-image) in the background beside the cluster's stories (e2e): the
 # stories mostly wait on kubelet, the scheduler and the controllers, and the VM suites use
-# the cores they leave, at nice 10: at equal shares the two guests starved each other and
-# pods took over 4 minutes to start. The VM suites' output goes to
+# the cores they leave, at a lower priority (.ci/beside: nice 10, and their session's
+# autogroup at nice 5): at equal shares the two guests starved each other and pods took
+# over 4 minutes to start. The VM suites' output goes to
 # target/test-logs/vm-suites.log and is printed when e2e ends (.ci/beside); both must pass.
 # Their whole-VM limit is raised for sharing the machine.
 TEST_LOGS := $(CURDIR)/target/test-logs
