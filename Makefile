@@ -212,16 +212,13 @@ e2e:
 # so does an encrypted (LUKS2) volume of the thick pool.
 # The binary is copied to a private dir first (a concurrent build cannot replace it).
 IMAGE_TEST_TIMEOUT ?= 900
-test-image:
-	vm/setup
+test-image: image-programs
 	@set -eu; \
 	mkdir -p $(CURDIR)/target; \
 	dir=$$(mktemp -d $(CURDIR)/target/image-test.XXXXXX); \
 	trap 'rm -rf "$$dir"' EXIT; \
 	root=$$(vm/image-root); \
 	programs=$$(vm/driver-programs); \
-	$(CARGO) build --release --locked --bin localvol; \
-	cli/symbol-order check $(BIN); \
 	cp $(BIN) "$$dir/localvol"; \
 	start=$$(date +%s); \
 	rc=0; \

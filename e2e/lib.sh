@@ -173,42 +173,32 @@ $(pod_claim_events "$1")"
 pod_running() { [ "$(kn get pod "$1" -o jsonpath='{.status.phase}')" = Running ]; }
 
 # Deletes a pod and waits until it is gone (kubelet has unpublished its volumes).
-delete_pod() {
-    kn delete pod "$1" --wait=true --timeout="${E2E_TIMEOUT}s" >/dev/null ||
-        fail "pod $1 was not deleted in ${E2E_TIMEOUT}s: $(events_of Pod "$1")"
-}
-
-# delete_pods NAME... — delete_pod for several pods at once (kubelet tears them down together).
+delete_pod() { delete_pods "$1"; }
+# delete_pods NAME... — the pods deleted together (kubelet tears them down together).
 delete_pods() {
-    kn delete pod "$@" --wait=true --timeout="${E2E_TIMEOUT}s" >/dev/null ||
-        fail "pods $* were not all deleted in ${E2E_TIMEOUT}s"
-}
-
-# delete_claims NAME... — delete_claim for several claims at once: all deleted, then every
-# one's PV waited for.
-delete_claims() {
-    local c pvs=()
-    for c in "$@"; do pvs+=("$c=$(pv_of "$c")"); done
-    kn delete pvc "$@" --wait=false >/dev/null
-    for c in "${pvs[@]}"; do
-        [ -n "${c#*=}" ] || continue
-        wait_for "PV ${c#*=} deleted" "$E2E_TIMEOUT" pv_gone "${c#*=}" ||
-            fail "PV ${c#*=} of claim ${c%%=*} is still there ${E2E_TIMEOUT}s after the claim was deleted (phase $(k get pv "${c#*=}" -o jsonpath='{.status.phase}'))"
-    done
+    local p why=
+    kn delete pod "$@" --wait=true --timeout="${E2E_TIMEOUT}s" >/dev/null && return 0
+    for p in "$@"; do why+=$'\n'"$p: $(events_of Pod "$p")"; done
+    fail "pods $* were not all deleted in ${E2E_TIMEOUT}s:$why"
 }
 
 # The PV a claim is bound to.
 pv_of() { kn get pvc "$1" -o jsonpath='{.spec.volumeName}'; }
 
 # Deletes a claim and waits until its PV is gone too (reclaim policy Delete).
-delete_claim() {
-    local pv
-    pv=$(pv_of "$1")
-    kn delete pvc "$1" --wait=true --timeout="${E2E_TIMEOUT}s" >/dev/null
-    [ -z "$pv" ] && return 0
-    wait_for "PV $pv deleted" "$E2E_TIMEOUT" pv_gone "$pv" ||
-        fail "PV $pv of claim $1 is still there ${E2E_TIMEOUT}s after the claim was deleted (phase $(k get pv "$pv" -o jsonpath='{.status.phase}')); its events:
+delete_claim() { delete_claims "$1"; }
+# delete_claims NAME... — the claims deleted together, then every one's PV waited for.
+delete_claims() {
+    local c pv pvs=()
+    for c in "$@"; do pvs+=("$c=$(pv_of "$c")"); done
+    kn delete pvc "$@" --wait=true --timeout="${E2E_TIMEOUT}s" >/dev/null
+    for c in "${pvs[@]}"; do
+        pv=${c#*=}
+        [ -n "$pv" ] || continue
+        wait_for "PV $pv deleted" "$E2E_TIMEOUT" pv_gone "$pv" ||
+            fail "PV $pv of claim ${c%%=*} is still there ${E2E_TIMEOUT}s after the claim was deleted (phase $(k get pv "$pv" -o jsonpath='{.status.phase}')); its events:
 $(k get events -A --field-selector "involvedObject.name=$pv" -o custom-columns=REASON:.reason,MESSAGE:.message --no-headers)"
+    done
 }
 pv_gone() { ! k get pv "$1" >/dev/null 2>&1; }
 

@@ -25,12 +25,11 @@ node=$(k get pv "$pv" -o jsonpath='{.spec.nodeAffinity.required.nodeSelectorTerm
 # The volume's directory is named by the id in its handle (quota.<id>); other stories'
 # volumes may share the pool.
 dir=/var/lib/localvol-dirpool/quota/volumes/${handle#*.}
-present() { [ "$(on_node sh -c "test -e '$dir' && echo present || echo absent")" = present ]; }
-absent() { [ "$(on_node sh -c "test -e '$dir' && echo present || echo absent")" = absent ]; }
-present || fail "no volume directory $dir on the node while the claim is bound"
+dir_is() { [ "$(on_node sh -c "test -e '$dir' && echo present || echo absent")" = "$1" ]; }
+dir_is present || fail "no volume directory $dir on the node while the claim is bound"
 
 delete_pod writer
 delete_claim data
-wait_for "directory removed" 60 absent ||
+wait_for "directory removed" 60 dir_is absent ||
     fail "the volume's directory is still on the node after its claim was deleted: $(on_node ls -la "$dir")"
 say "bound on first consumer, 16 MiB written, the write past 32 MiB refused, directory removed"
