@@ -202,6 +202,33 @@ $(k get events -A --field-selector "involvedObject.name=$pv" -o custom-columns=R
 }
 pv_gone() { ! k get pv "$1" >/dev/null 2>&1; }
 
+# install_driver: the chart installed (or upgraded) as a user does, with e2e/values.yaml and
+# this build's image; returns once the node plugin and the node-loss controller are Ready.
+install_driver() {
+    : "${E2E_DRIVER_IMAGE:?e2e/run sets the driver image reference}"
+    "$E2E_CLUSTER" exec helm upgrade --install localvol "$E2E_ROOT/../deploy/helm/localvol" \
+        --namespace "$E2E_NS" --create-namespace -f "$E2E_ROOT/values.yaml" \
+        --set image.repository="${E2E_DRIVER_IMAGE%:*}" --set image.tag="${E2E_DRIVER_IMAGE##*:}" \
+        --wait=false >/dev/null || fail "helm install failed"
+    k -n "$E2E_NS" rollout status daemonset/localvol-node --timeout="${E2E_TIMEOUT}s" >&2 ||
+        fail "the DaemonSet localvol-node did not become Ready in ${E2E_TIMEOUT}s: $(k -n "$E2E_NS" get pods -o wide 2>&1)
+$(k -n "$E2E_NS" get events --field-selector type=Warning -o custom-columns=OBJ:.involvedObject.name,REASON:.reason,MSG:.message --no-headers | tail -15)"
+    k -n "$E2E_NS" rollout status deployment/localvol-controller --timeout="${E2E_TIMEOUT}s" >&2 ||
+        fail "the node-loss controller did not become Ready: $(k -n "$E2E_NS" get pods -o wide 2>&1)"
+}
+# driver_installed: the chart's release runs this build's image, rolled out and Ready on
+# every node (what story a leaves; i, k, l, n and z may leave something else).
+driver_installed() {
+    local ds ctl
+    ds=$(k -n "$E2E_NS" get daemonset localvol-node -o jsonpath='{.metadata.labels.app\.kubernetes\.io/managed-by} {.spec.template.spec.containers[?(@.name=="localvol")].image} {.status.desiredNumberScheduled} {.status.updatedNumberScheduled} {.status.numberReady}' 2>/dev/null) || return 1
+    ctl=$(k -n "$E2E_NS" get deployment localvol-controller -o jsonpath='{.spec.replicas} {.status.updatedReplicas} {.status.readyReplicas}' 2>/dev/null) || return 1
+    read -r by image want updated ready <<<"$ds"
+    [ "$by" = Helm ] && [ "$image" = "$E2E_DRIVER_IMAGE" ] && [ "${want:-0}" -gt 0 ] &&
+        [ "$updated" = "$want" ] && [ "$ready" = "$want" ] || return 1
+    read -r want updated ready <<<"$ctl"
+    [ "${want:-0}" -gt 0 ] && [ "$updated" = "$want" ] && [ "$ready" = "$want" ]
+}
+
 # JSON string literal of stdin (for a script inside a YAML flow sequence).
 json_string() { python3 -c 'import json,sys; print(json.dumps(sys.stdin.read()))'; }
 

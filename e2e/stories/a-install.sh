@@ -3,19 +3,7 @@
 # CSINode lists localvol with its topology key and the pools' storage identities, and
 # every class gets CSIStorageCapacity objects for the scheduler.
 . "$(dirname "$0")/../lib.sh"
-: "${E2E_DRIVER_IMAGE:?e2e/run sets the driver image reference}"
-repo=${E2E_DRIVER_IMAGE%:*} tag=${E2E_DRIVER_IMAGE##*:}
-
-"$E2E_CLUSTER" exec helm upgrade --install localvol "$E2E_ROOT/../deploy/helm/localvol" \
-    --namespace "$E2E_NS" --create-namespace -f "$E2E_ROOT/values.yaml" \
-    --set image.repository="$repo" --set image.tag="$tag" --wait=false >/dev/null ||
-    fail "helm install failed"
-
-k -n "$E2E_NS" rollout status daemonset/localvol-node --timeout="${E2E_TIMEOUT}s" >&2 ||
-    fail "the DaemonSet localvol-node did not become Ready in ${E2E_TIMEOUT}s: $(k -n "$E2E_NS" get pods -o wide 2>&1)
-$(k -n "$E2E_NS" get events --field-selector type=Warning -o custom-columns=OBJ:.involvedObject.name,REASON:.reason,MSG:.message --no-headers | tail -15)"
-k -n "$E2E_NS" rollout status deployment/localvol-controller --timeout="${E2E_TIMEOUT}s" >&2 ||
-    fail "the node-loss controller did not become Ready: $(k -n "$E2E_NS" get pods -o wide 2>&1)"
+install_driver
 
 node=$(k get nodes -o jsonpath='{.items[0].metadata.name}')
 csinode_driver() {
