@@ -51,6 +51,12 @@ struct LvmRunLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct CommandLabels {
+    /// The lvm subcommand (`lvs`, `lvcreate`, ...).
+    command: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct VolumeLabels {
     pool: String,
     volume: String,
@@ -85,6 +91,7 @@ pub struct Metrics {
     wiped_bytes: Family<PoolLabels, Counter>,
     wipe_seconds: Family<PoolLabels, Counter<f64, AtomicU64>>,
     lvm_runs: Family<LvmRunLabels, Counter>,
+    lvm_slowest: Family<CommandLabels, Gauge<f64, AtomicU64>>,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -200,6 +207,7 @@ impl Metrics {
         let [orphans, orphans_kept] =
             ORPHAN_GAUGES.map(|(name, help)| registered(r, name, help, Gauge::default()));
         let (wipe_pending, wiped_bytes, wipe_seconds) = wipe_families(r);
+        let (lvm_runs, lvm_slowest) = lvm_families(r);
         Metrics {
             rpc_total: registered(
                 r,
@@ -254,15 +262,34 @@ impl Metrics {
             wipe_pending,
             wiped_bytes,
             wipe_seconds,
-            lvm_runs: registered(
-                r,
-                "lvm_runs",
-                "lvm processes run, by what they were run for (RPC method or background task) and subcommand",
-                Family::default(),
-            ),
+            lvm_runs,
+            lvm_slowest,
             registry: std::mem::take(r),
         }
     }
+}
+
+/// The lvm runs' counters and their longest run per subcommand.
+type LvmFamilies = (
+    Family<LvmRunLabels, Counter>,
+    Family<CommandLabels, Gauge<f64, AtomicU64>>,
+);
+
+fn lvm_families(r: &mut Registry) -> LvmFamilies {
+    (
+        registered(
+            r,
+            "lvm_runs",
+            "lvm processes run, by what they were run for (RPC method or background task) and subcommand",
+            Family::default(),
+        ),
+        registered(
+            r,
+            "lvm_run_seconds_max",
+            "The longest lvm run since the plugin started, by subcommand (a killed run counts at its time limit)",
+            Family::default(),
+        ),
+    )
 }
 
 static METRICS: OnceLock<Metrics> = OnceLock::new();
@@ -325,6 +352,11 @@ fn record_lvm_runs(m: &Metrics) {
     for (caller, command, n) in crate::runs::lvm_runs() {
         let c = m.lvm_runs.get_or_create(&LvmRunLabels { caller, command });
         c.inc_by(n.saturating_sub(c.get()));
+    }
+    for (command, secs) in crate::runs::slowest_lvm_runs() {
+        m.lvm_slowest
+            .get_or_create(&CommandLabels { command })
+            .set(secs);
     }
 }
 
@@ -623,6 +655,8 @@ mod tests {
                 command: "lvs",
             })
             .inc();
+        crate::runs::record_lvm_duration("test-only", std::time::Duration::from_millis(2500));
+        record_lvm_runs(m);
         let mut out = String::new();
         prometheus_client::encoding::text::encode(&mut out, &m.registry).unwrap();
         for want in [
@@ -630,6 +664,7 @@ mod tests {
             r#"localvol_wiped_bytes_total{pool="test-only-wipes",backend="lvm"} 3145728"#,
             r#"localvol_wipe_seconds_total{pool="test-only-wipes",backend="lvm"} 1.5"#,
             r#"localvol_lvm_runs_total{caller="test-only",command="lvs"} 1"#,
+            r#"localvol_lvm_run_seconds_max{command="test-only"} 2.5"#,
         ] {
             assert!(out.contains(want), "{want} missing from:\n{out}");
         }
@@ -653,6 +688,7 @@ mod tests {
             "localvol_cleanup_duration_seconds histogram",
             "localvol_orphan_volumes gauge",
             "localvol_lvm_runs counter",
+            "localvol_lvm_run_seconds_max gauge",
         ] {
             let want = format!("# TYPE {want}");
             assert!(out.contains(&want), "{want} missing from:\n{out}");

@@ -160,6 +160,7 @@ pub(super) async fn run(args: Vec<String>) -> Result<String, LvmError> {
         _ => started.elapsed(),
     };
     record_run(took);
+    crate::runs::record_lvm_duration(sub, took);
     if took >= SLOW_RUN {
         tracing::warn!(
             command = sub,
