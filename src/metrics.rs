@@ -10,6 +10,7 @@ use std::convert::Infallible;
 use std::net::SocketAddr;
 use std::sync::atomic::AtomicU64;
 use std::sync::{Arc, Mutex, OnceLock};
+use std::time::Duration;
 
 use bytes::Bytes;
 use http_body_util::Full;
@@ -411,16 +412,53 @@ pub trait Source: Send + Sync + 'static {
     }
 }
 
-/// Refreshes the pool and volume gauges from the pools, then encodes everything.
-pub async fn render(pools: &Pools) -> String {
-    crate::runs::attributed("metrics", render_pools(pools)).await
+/// How long a scrape waits for the pools' figures before it answers with
+/// the last ones. They come from lvm and the filesystems, which a loaded node
+/// makes slow (lvm runs of over a minute, measured by the e2e load story):
+/// a scrape that waited for them went unanswered for 6 minutes, and
+/// Prometheus gives up after 10 s, so the gauges went missing exactly when
+/// the node was busy.
+const SCRAPE_WAIT: Duration = Duration::from_secs(5);
+
+/// Held by the one refresh of the pools' figures in progress: scrapes that
+/// come meanwhile wait for it (up to [`SCRAPE_WAIT`]) instead of starting
+/// more lvm runs.
+static REFRESH: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
+/// Refreshes the pool and volume gauges from the pools (in a task of its
+/// own, so that a scrape that stops waiting does not cut it short), waits
+/// for that up to [`SCRAPE_WAIT`], then encodes everything as it stands.
+pub async fn render<D: Source>(driver: Arc<D>) -> String {
+    let waited = match REFRESH.try_lock() {
+        Ok(guard) => {
+            let refresh = tokio::spawn(crate::runs::attributed("metrics", async move {
+                let _one = guard;
+                refresh_pools(driver.pools()).await;
+            }));
+            tokio::time::timeout(SCRAPE_WAIT, refresh).await.is_ok()
+        }
+        Err(_) => tokio::time::timeout(SCRAPE_WAIT, REFRESH.lock())
+            .await
+            .is_ok(),
+    };
+    if !waited {
+        tracing::debug!("metrics: the pools' figures are still being read; last ones served");
+    }
+    let m = metrics();
+    record_lvm_runs(m);
+    let mut out = String::new();
+    if let Err(e) = prometheus_client::encoding::text::encode(&mut out, &m.registry) {
+        tracing::error!(error = %e, "encoding metrics");
+    }
+    out
 }
 
-async fn render_pools(pools: &Pools) -> String {
+async fn refresh_pools(pools: &Pools) {
     let m = metrics();
-    m.volume_used.clear();
-    m.volume_limit.clear();
-    m.volume_abnormal.clear();
+    // Per-volume series are gathered first and swapped in at the end, with
+    // no await in between: a scrape during a refresh sees the last whole set.
+    let mut listed: Vec<(String, Vec<String>)> = Vec::new();
+    let mut usage: Vec<(VolumeLabels, u64, u64)> = Vec::new();
     for pool in pools.iter() {
         let labels = PoolLabels {
             pool: pool.name().to_string(),
@@ -463,28 +501,30 @@ async fn render_pools(pools: &Pools) -> String {
         m.pool_volumes
             .get_or_create(&labels)
             .set(gauge_value(vols.len() as u64));
-        record_conditions(m, &labels.pool, vols.iter().map(|v| v.id.as_str()));
+        listed.push((
+            labels.pool.clone(),
+            vols.iter().map(|v| v.id.clone()).collect(),
+        ));
         for v in vols.iter().filter(|v| v.project_id.is_some()) {
             if let Ok(Some(u)) = pool.usage(v).await {
                 let vl = VolumeLabels {
                     pool: labels.pool.clone(),
                     volume: v.id.clone(),
                 };
-                m.volume_used
-                    .get_or_create(&vl)
-                    .set(gauge_value(u.used_bytes));
-                m.volume_limit
-                    .get_or_create(&vl)
-                    .set(gauge_value(u.total_bytes));
+                usage.push((vl, u.used_bytes, u.total_bytes));
             }
         }
     }
-    record_lvm_runs(m);
-    let mut out = String::new();
-    if let Err(e) = prometheus_client::encoding::text::encode(&mut out, &m.registry) {
-        tracing::error!(error = %e, "encoding metrics");
+    m.volume_used.clear();
+    m.volume_limit.clear();
+    m.volume_abnormal.clear();
+    for (pool, ids) in &listed {
+        record_conditions(m, pool, ids.iter().map(String::as_str));
     }
-    out
+    for (vl, used, total) in usage {
+        m.volume_used.get_or_create(&vl).set(gauge_value(used));
+        m.volume_limit.get_or_create(&vl).set(gauge_value(total));
+    }
 }
 
 /// An answer of [`serve_get`]'s: status, content type, body.
@@ -495,7 +535,7 @@ async fn handle<D: Source>(driver: Arc<D>, path: &str) -> Reply {
         "/metrics" => (
             StatusCode::OK,
             "application/openmetrics-text; version=1.0.0; charset=utf-8",
-            render(driver.pools()).await,
+            render(driver).await,
         ),
         "/healthz" => (StatusCode::OK, "text/plain", "ok\n".into()),
         // Ready while the driver serves: a pool that cannot serve is
