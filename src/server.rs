@@ -2,7 +2,7 @@
 //! `localvol serve` and by tests alike.
 
 use std::future::Future;
-use std::os::unix::fs::{FileTypeExt, PermissionsExt};
+use std::os::unix::fs::{FileTypeExt, MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
@@ -218,6 +218,8 @@ pub async fn serve(opts: ServeOptions, shutdown: impl Future<Output = ()> + Send
     match &opts.endpoint {
         Endpoint::Unix(path) => {
             let listener = bind_unix(path, opts.socket_group.as_deref())?;
+            let ours = socket_identity(path);
+            let shutdown = unlink_on(shutdown, path, ours);
             let _liveness = start_liveness(&opts)?;
             tracing::info!(endpoint = %opts.endpoint, node = %opts.node_id, "serving CSI");
             // Clients that send the socket path as :authority (grpc C-core,
@@ -227,7 +229,7 @@ pub async fn serve(opts: ServeOptions, shutdown: impl Future<Output = ()> + Send
             let res = router
                 .serve_with_incoming_shutdown(incoming, shutdown)
                 .await;
-            let _ = std::fs::remove_file(path);
+            remove_socket_if(path, ours);
             Ok(res?)
         }
         Endpoint::Tcp(addr) => {
@@ -413,6 +415,39 @@ async fn run_orphans(
     }
 }
 
+/// `shutdown`, then the socket's name removed: as the drain begins, so that
+/// no client (a sidecar of the next pod, kubelet) connects to a server that
+/// no longer accepts; and only while it is still this server's (`ours`): the
+/// next plugin may have bound its own there already.
+async fn unlink_on(shutdown: impl Future<Output = ()>, path: &Path, ours: Option<(u64, u64)>) {
+    shutdown.await;
+    remove_socket_if(path, ours);
+}
+
+/// The (device, inode) of the socket at `path`, if one is there.
+fn socket_identity(path: &Path) -> Option<(u64, u64)> {
+    let md = std::fs::symlink_metadata(path).ok()?;
+    md.file_type().is_socket().then(|| (md.dev(), md.ino()))
+}
+
+/// Removes the socket at `path` if it is still the one `ours` identifies. A
+/// plugin that is being replaced drains while its successor starts; the
+/// successor replaces the socket, and removing that one unconditionally cut
+/// kubelet and the new pod's sidecars off the new plugin ("no such file or
+/// directory", sidecars exiting on "Lost connection to CSI driver").
+fn remove_socket_if(path: &Path, ours: Option<(u64, u64)>) {
+    if ours.is_some() && socket_identity(path) == ours {
+        if let Err(e) = std::fs::remove_file(path) {
+            tracing::warn!(error = %e, ?path, "removing the CSI socket");
+        }
+    } else {
+        tracing::info!(
+            ?path,
+            "the CSI socket is not this server's any more; left in place"
+        );
+    }
+}
+
 /// Binds the CSI socket: a stale socket is replaced, any other file is not; the
 /// socket never exists with looser permissions than 0600 (0660 with a group).
 fn bind_unix(path: &Path, group: Option<&str>) -> Result<tokio::net::UnixListener> {
@@ -451,6 +486,27 @@ fn bind_unix(path: &Path, group: Option<&str>) -> Result<tokio::net::UnixListene
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[tokio::test]
+    async fn a_socket_is_removed_only_while_it_is_still_this_servers() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("csi.sock");
+        let first = bind_unix(&path, None).unwrap();
+        let ours = socket_identity(&path);
+        assert!(ours.is_some());
+        // The successor binds over it (as bind_unix replaces a stale socket).
+        let second = bind_unix(&path, None).unwrap();
+        remove_socket_if(&path, ours);
+        assert!(path.exists(), "the successor's socket was removed");
+        let theirs = socket_identity(&path);
+        assert_ne!(theirs, ours);
+        remove_socket_if(&path, theirs);
+        assert!(!path.exists(), "its own socket was left behind");
+        // Gone already, or never bound: nothing to do.
+        remove_socket_if(&path, theirs);
+        remove_socket_if(&path, None);
+        drop((first, second));
+    }
 
     #[test]
     fn runtime_sizes_default_to_the_cores_and_an_operator_sets_each() {
