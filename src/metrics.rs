@@ -412,34 +412,29 @@ pub trait Source: Send + Sync + 'static {
     }
 }
 
-/// How long a scrape waits for the pools' figures before it answers with
-/// the last ones. They come from lvm and the filesystems, which a loaded node
-/// makes slow (lvm runs of over a minute, measured by the e2e load story):
-/// a scrape that waited for them went unanswered for 6 minutes, and
-/// Prometheus gives up after 10 s, so the gauges went missing exactly when
-/// the node was busy.
-const SCRAPE_WAIT: Duration = Duration::from_secs(5);
-
 /// Held by the one refresh of the pools' figures in progress: scrapes that
-/// come meanwhile wait for it (up to [`SCRAPE_WAIT`]) instead of starting
+/// come meanwhile wait for it (up to `--metrics-wait`) instead of starting
 /// more lvm runs.
 static REFRESH: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
 /// Refreshes the pool and volume gauges from the pools (in a task of its
 /// own, so that a scrape that stops waiting does not cut it short), waits
-/// for that up to [`SCRAPE_WAIT`], then encodes everything as it stands.
-pub async fn render<D: Source>(driver: Arc<D>) -> String {
+/// for that up to `wait` (`--metrics-wait`, 5 s), then encodes everything
+/// as it stands. The figures come from lvm and the filesystems, which a
+/// loaded node makes slow (lvm runs of over a minute, measured by the e2e
+/// load story): a scrape that waited for them went unanswered for 6
+/// minutes, and Prometheus gives up after 10 s, so the gauges went missing
+/// exactly when the node was busy.
+pub async fn render<D: Source>(driver: Arc<D>, wait: Duration) -> String {
     let waited = match REFRESH.try_lock() {
         Ok(guard) => {
             let refresh = tokio::spawn(crate::runs::attributed("metrics", async move {
                 let _one = guard;
                 refresh_pools(driver.pools()).await;
             }));
-            tokio::time::timeout(SCRAPE_WAIT, refresh).await.is_ok()
+            tokio::time::timeout(wait, refresh).await.is_ok()
         }
-        Err(_) => tokio::time::timeout(SCRAPE_WAIT, REFRESH.lock())
-            .await
-            .is_ok(),
+        Err(_) => tokio::time::timeout(wait, REFRESH.lock()).await.is_ok(),
     };
     if !waited {
         tracing::debug!("metrics: the pools' figures are still being read; last ones served");
@@ -530,12 +525,12 @@ async fn refresh_pools(pools: &Pools) {
 /// An answer of [`serve_get`]'s: status, content type, body.
 pub(crate) type Reply = (StatusCode, &'static str, String);
 
-async fn handle<D: Source>(driver: Arc<D>, path: &str) -> Reply {
+async fn handle<D: Source>(driver: Arc<D>, path: &str, wait: Duration) -> Reply {
     match path {
         "/metrics" => (
             StatusCode::OK,
             "application/openmetrics-text; version=1.0.0; charset=utf-8",
-            render(driver).await,
+            render(driver, wait).await,
         ),
         "/healthz" => (StatusCode::OK, "text/plain", "ok\n".into()),
         // Ready while the driver serves: a pool that cannot serve is
@@ -560,6 +555,7 @@ async fn handle<D: Source>(driver: Arc<D>, path: &str) -> Reply {
 pub async fn bind<D: Source>(
     addr: SocketAddr,
     driver: Arc<D>,
+    wait: Duration,
 ) -> Result<impl std::future::Future<Output = ()>, IoError> {
     let listener = tokio::net::TcpListener::bind(addr)
         .await
@@ -567,7 +563,7 @@ pub async fn bind<D: Source>(
     tracing::info!(%addr, "serving /metrics, /healthz and /readyz");
     Ok(serve_get(listener, "metrics", move |path| {
         let driver = driver.clone();
-        async move { handle(driver, &path).await }
+        async move { handle(driver, &path, wait).await }
     }))
 }
 

@@ -62,6 +62,9 @@ pub struct ServeOptions {
     /// How often the pool monitor looks at the pools (and retries the
     /// ones that have not opened): `--pool-check-interval`.
     pub pool_check_interval: std::time::Duration,
+    /// How long a /metrics scrape waits for the pools' figures:
+    /// `--metrics-wait`.
+    pub metrics_wait: std::time::Duration,
 }
 
 /// How big the serving runtime is: async workers, blocking threads and glibc
@@ -182,7 +185,7 @@ pub async fn serve(opts: ServeOptions, shutdown: impl Future<Output = ()> + Send
     // Dropped (and so stopped) when serve returns.
     let _metrics = match opts.metrics_addr {
         Some(addr) => Some(AbortOnDrop(tokio::spawn(
-            crate::metrics::bind(addr, driver.clone()).await?,
+            crate::metrics::bind(addr, driver.clone(), opts.metrics_wait).await?,
         ))),
         None => None,
     };

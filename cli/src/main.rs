@@ -194,6 +194,10 @@ struct ServeArgs {
     /// serves again, and a pool that did not open is tried again.
     #[arg(long, env = "LOCALVOL_POOL_CHECK_INTERVAL", default_value_t = 10.0, value_parser = parse_interval)]
     pool_check_interval: f64,
+    /// Seconds a /metrics scrape waits for the pools' figures (read from lvm
+    /// and the filesystems) before it serves the last ones.
+    #[arg(long, env = "LOCALVOL_METRICS_WAIT", default_value_t = 5.0, value_parser = parse_interval)]
+    metrics_wait: f64,
 }
 
 /// A positive number of seconds, at most a day.
@@ -257,6 +261,7 @@ async fn serve(args: ServeArgs) -> Result<(), String> {
         namespace: args.namespace,
         kube_api: args.kube_api,
         pool_check_interval: std::time::Duration::from_secs_f64(args.pool_check_interval),
+        metrics_wait: std::time::Duration::from_secs_f64(args.metrics_wait),
     };
     server::serve(opts, shutdown_signal())
         .await

@@ -174,6 +174,9 @@ impl Driver {
         // Pools looked at often, so that tests see a change within a
         // fraction of a second (a test's own env may say otherwise).
         cmd.env("LOCALVOL_POOL_CHECK_INTERVAL", "0.1");
+        // A scrape shows what the pools are now, however slow lvm is in a
+        // busy VM: tests compare the gauges with what they just did.
+        cmd.env("LOCALVOL_METRICS_WAIT", "600");
         for (k, v) in &self.opts.env {
             cmd.env(k, v);
         }
