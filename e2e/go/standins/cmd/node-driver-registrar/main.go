@@ -72,6 +72,15 @@ func main() {
 	if err != nil {
 		log.Fatalf("listening on %s: %v", sock, err)
 	}
+	// The socket is removed on exit only while it is still this one: a pod
+	// being replaced shuts down while its successor's registrar has bound the
+	// same path, and removing that (as Go's listener does on Close) made
+	// kubelet deregister the driver from the new pod (found by e2e story m).
+	lis.(*net.UnixListener).SetUnlinkOnClose(false)
+	var ours syscall.Stat_t
+	if err := syscall.Lstat(sock, &ours); err != nil {
+		log.Fatalf("stat %s: %v", sock, err)
+	}
 	g := grpc.NewServer()
 	reg.RegisterRegistrationServer(g, &server{name: info.GetName(), endpoint: *endpoint})
 
@@ -89,10 +98,22 @@ func main() {
 		c := make(chan os.Signal, 1)
 		signal.Notify(c, syscall.SIGTERM, syscall.SIGINT)
 		<-c
+		removeIfOurs(sock, ours)
 		g.Stop()
-		os.Remove(sock)
 		os.Exit(0)
 	}()
 	log.Printf("serving registration of %s (%s) on %s", info.GetName(), *endpoint, sock)
 	log.Fatal(g.Serve(lis))
+}
+
+// removeIfOurs removes path if it is still the socket ours describes.
+func removeIfOurs(path string, ours syscall.Stat_t) {
+	var now syscall.Stat_t
+	if err := syscall.Lstat(path, &now); err != nil || now.Dev != ours.Dev || now.Ino != ours.Ino {
+		log.Printf("%s is not this registrar's any more: left in place", path)
+		return
+	}
+	if err := os.Remove(path); err != nil {
+		log.Printf("removing %s: %v", path, err)
+	}
 }
