@@ -439,7 +439,12 @@ fn socket_identity(path: &Path) -> Option<(u64, u64)> {
 /// kubelet and the new pod's sidecars off the new plugin ("no such file or
 /// directory", sidecars exiting on "Lost connection to CSI driver").
 fn remove_socket_if(path: &Path, ours: Option<(u64, u64)>) {
-    if ours.is_some() && socket_identity(path) == ours {
+    let now = socket_identity(path);
+    if now.is_none() {
+        // Removed already (as the drain began), or never bound.
+        return;
+    }
+    if now == ours {
         if let Err(e) = std::fs::remove_file(path) {
             tracing::warn!(error = %e, ?path, "removing the CSI socket");
         }
