@@ -1,0 +1,114 @@
+#!/usr/bin/env bash
+# Story u — Kubernetes' own judge: the External Storage tests of Kubernetes' e2e suite
+# (k8s.io/kubernetes/test/e2e/storage/external in e2e.test, built by e2e/build from the cluster's
+# pinned module set), once per localvol class, each described by its driver definition
+# e2e/upstream/CLASS.yaml: what the class can do, its sizes and file systems.
+#
+#   E2E_UPSTREAM=subset (default, make test): the specs of e2e/upstream/subset.txt, chosen so that
+#                every capability a class declares is exercised at least once;
+#   E2E_UPSTREAM=full (make e2e-upstream): every External Storage spec, those neither
+#                [Disruptive] nor [Serial] in ginkgo's parallel mode, then those serially.
+#   E2E_UPSTREAM_CLASSES  the classes (default: quota thick thin encrypted)
+#   E2E_UPSTREAM_PROCS    ginkgo's parallel processes (default: twice the node's CPUs; a spec
+#                         mostly waits on its pods)
+# Prints one line per class and part: `upstream CLASS PART: P passed, F failed, S skipped (of
+# N specs)`; ginkgo's reports go to $E2E_LOGS/upstream-CLASS-PART/. Fails when any spec failed.
+. "$(dirname "$0")/../lib.sh"
+
+mode=${E2E_UPSTREAM:-subset}
+classes=${E2E_UPSTREAM_CLASSES:-quota thick thin encrypted}
+logs=${E2E_LOGS:-/var/tmp/localvol-e2e/logs}
+defs=$E2E_ROOT/upstream
+bin=${E2E_BUILD:?e2e/run sets E2E_BUILD}/bin
+[ -x "$bin/e2e.test" ] && [ -x "$bin/ginkgo" ] || fail "no e2e.test or ginkgo in $bin (e2e/build)"
+cpus=$(k get nodes -o jsonpath='{.items[0].status.capacity.cpu}')
+procs=${E2E_UPSTREAM_PROCS:-$((2 * ${cpus:-1}))}
+# Within e2e/run's limit for the story (two hours for the subset), so that ginkgo reports.
+ginkgo_timeout=$([ "$mode" = full ] && echo 4h || echo 30m)
+
+# The regular expression of the subset's spec names for CLASS (e2e/upstream/subset.txt: lines
+# `CLASSES: NAME`, CLASSES `all` or names; ` * ` any text), each anchored at the name's end.
+subset_focus() {
+    python3 - "$defs/subset.txt" "$1" <<'PY'
+import re, sys
+names = []
+for line in open(sys.argv[1]):
+    if not line.strip() or line.startswith("#"):
+        continue
+    classes, _, name = line.partition(": ")
+    if classes == "all" or sys.argv[2] in classes.split():
+        names.append(".*".join(re.escape(part) for part in name.strip().split(" * ")) + "$")
+print("|".join(names))
+PY
+}
+
+failed=0
+# run_part CLASS PART [ginkgo args...]: one ginkgo run of e2e.test for CLASS.
+run_part() {
+    local class=$1 part=$2 out rc=0 summary
+    shift 2
+    out=$logs/upstream-$class-$part
+    rm -rf "$out"
+    mkdir -p "$out"
+    say "$class $part: ginkgo (focus and reports: $out)"
+    KUBE_TEST_REPO_LIST=$defs/repo-list.yaml "$E2E_CLUSTER" exec "$bin/ginkgo" --no-color --timeout="$ginkgo_timeout" \
+        --output-dir="$out" --junit-report=junit.xml "$@" "$bin/e2e.test" -- \
+        -storage.testdriver="$defs/$class.yaml" -report-dir="$out" >"$out/ginkgo.log" 2>&1 || rc=$?
+    # ginkgo's summary: "Ran R of T Specs in …" then "SUCCESS!|FAIL! -- P Passed | F Failed | … | S Skipped"
+    # Counts from ginkgo's JUnit report: specs the focus left out are "skipped" with the bare
+    # message "skipped"; a spec that skipped itself says why (skips.txt lists the reasons).
+    summary=$(python3 - "$out/junit.xml" "$out/skips.txt" <<'PY'
+import collections, sys, xml.etree.ElementTree as ET
+try:
+    root = ET.parse(sys.argv[1]).getroot()
+except Exception as e:
+    print("no report (%s)" % e); sys.exit(0)
+p = f = s = 0
+why = collections.Counter()
+for tc in root.iter("testcase"):
+    name = tc.get("name", "")
+    bad = tc.find("failure") is not None or tc.find("error") is not None
+    if not name.startswith("[It]"):
+        f += bad  # a suite-level node (BeforeSuite, AfterSuite, reports)
+        continue
+    skipped = tc.find("skipped")
+    if skipped is not None or tc.get("status") == "skipped":
+        msg = (skipped.get("message", "") if skipped is not None else "").strip()
+        if msg in ("", "skipped"):
+            continue  # not selected
+        s += 1
+        why[msg.removeprefix("skipped - ").splitlines()[0][:200]] += 1
+    elif bad:
+        f += 1
+    else:
+        p += 1
+with open(sys.argv[2], "w") as out:
+    for msg, n in why.most_common():
+        out.write("%4d %s\n" % (n, msg))
+print("%d passed, %d failed, %d skipped" % (p, f, s))
+PY
+)
+    echo "upstream $class $part: $summary (ginkgo exit $rc; $out)"
+    case $summary in
+    *" 0 failed"*) [ "$rc" -eq 0 ] || failed=$((failed + 1)) ;;
+    *) failed=$((failed + 1)) ;;
+    esac
+    grep -E '^\s*\[FAIL\]' "$out/ginkgo.log" | sed 's/^/    /' | sort -u | head -40 >&2 || true
+}
+
+for class in $classes; do
+    [ -f "$defs/$class.yaml" ] || fail "no driver definition $defs/$class.yaml"
+    case $mode in
+    subset)
+        focus=$(subset_focus "$class")
+        [ -n "$focus" ] || fail "e2e/upstream/subset.txt names no spec for class $class"
+        run_part "$class" subset -p --procs="$procs" --focus="External Storage \\[Driver: localvol\\.csi\\.dev\\] ($focus)"
+        ;;
+    full)
+        run_part "$class" parallel -p --procs="$procs" --focus='External.Storage' --skip='\[Disruptive\]|\[Serial\]'
+        run_part "$class" serial --focus='External.Storage.*(\[Disruptive\]|\[Serial\])'
+        ;;
+    *) fail "E2E_UPSTREAM is subset or full, not $mode" ;;
+    esac
+done
+[ "$failed" -eq 0 ] || fail "$failed of the suite's runs had failures (above; reports in $logs/upstream-*)"
