@@ -4,15 +4,17 @@
 # pinned module set), once per localvol class, each described by its driver definition
 # e2e/upstream/CLASS.yaml: what the class can do, its sizes and file systems.
 #
-#   E2E_UPSTREAM=subset (default, make test): the specs of e2e/upstream/subset.txt, chosen so that
-#                every capability a class declares is exercised at least once;
+#   E2E_UPSTREAM=subset (the default): the specs of e2e/upstream/subset.txt, chosen so that
+#                every capability a class declares is exercised at least once (meant for make
+#                test, which does not run story u yet: issue 37);
 #   E2E_UPSTREAM=full (make e2e-upstream): every External Storage spec, those neither
 #                [Disruptive] nor [Serial] in ginkgo's parallel mode, then those serially.
 #   E2E_UPSTREAM_CLASSES  the classes (default: quota thick thin encrypted)
 #   E2E_UPSTREAM_PROCS    ginkgo's parallel processes (default: twice the node's CPUs; a spec
 #                         mostly waits on its pods)
-# Prints one line per class and part: `upstream CLASS PART: P passed, F failed, S skipped (of
-# N specs)`; ginkgo's reports go to $E2E_LOGS/upstream-CLASS-PART/. Fails when any spec failed.
+# Prints one line per class and part: `upstream CLASS PART: P passed, F failed, S skipped`
+# (skipped: specs that skipped themselves, their reasons counted in skips.txt); ginkgo's log and
+# JUnit report go to $E2E_LOGS/upstream-CLASS-PART/. Fails when any spec failed.
 . "$(dirname "$0")/../lib.sh"
 
 mode=${E2E_UPSTREAM:-subset}
