@@ -198,7 +198,8 @@ test-vm:
 # localvol on a real Kubernetes cluster built from upstream source (e2e/README.md): the
 # control plane on this host, the node in the VM, the driver installed with its Helm chart,
 # the user stories of e2e/stories/ driven through kubectl only. Ends with one line
-# `e2e: N passed, M failed[, K skipped (...)]` (story m only with E2E_LOAD=1). E2E_STORIES="b-dir-quota c-lvm-data" runs some of them.
+# `e2e: N passed, M failed[, K skipped (...)]` (story m only with E2E_LOAD=1, story u only with
+# E2E_UPSTREAM set). E2E_STORIES="b-dir-quota c-lvm-data" runs some of them.
 E2E_STORIES ?=
 e2e:
 	vm/setup

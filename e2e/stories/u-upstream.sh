@@ -56,7 +56,6 @@ run_part() {
     KUBE_TEST_REPO_LIST=$defs/repo-list.yaml "$E2E_CLUSTER" exec "$bin/ginkgo" --no-color --timeout="$ginkgo_timeout" \
         --output-dir="$out" --junit-report=junit.xml "$@" "$bin/e2e.test" -- \
         -storage.testdriver="$defs/$class.yaml" -report-dir="$out" >"$out/ginkgo.log" 2>&1 || rc=$?
-    # ginkgo's summary: "Ran R of T Specs in …" then "SUCCESS!|FAIL! -- P Passed | F Failed | … | S Skipped"
     # Counts from ginkgo's JUnit report: specs the focus left out are "skipped" with the bare
     # message "skipped"; a spec that skipped itself says why (skips.txt lists the reasons).
     summary=$(python3 - "$out/junit.xml" "$out/skips.txt" <<'PY'
