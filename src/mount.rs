@@ -301,13 +301,7 @@ impl Probe {
 /// whether a path is a mount root (`STATX_ATTR_MOUNT_ROOT`, Linux 5.8): then
 /// the caller reads the table instead.
 pub fn probe(path: &Path) -> Result<Option<Probe>, IoError> {
-    use std::os::unix::ffi::OsStrExt;
-    let c = std::ffi::CString::new(path.as_os_str().as_bytes()).map_err(|_| {
-        IoError::new(
-            format!("statx {path:?}"),
-            std::io::Error::from(ErrorKind::InvalidInput),
-        )
-    })?;
+    let c = c_path(path, &|| format!("statx {path:?}"))?;
     // SAFETY: statx writes at most one `struct statx` into the zeroed buffer,
     // which lives for the call; the path is a valid NUL-terminated string.
     let mut stx: libc::statx = unsafe { std::mem::zeroed() };
@@ -358,29 +352,152 @@ pub(crate) fn parse_bind_flag(opt: &str) -> Option<MountFlags> {
     })
 }
 
-/// Bind-mounts `src` onto `target` (blocking). Flags other than BIND are applied
-/// by a second remount: the kernel ignores them on the first bind.
+/// Bind-mounts `src` onto `target` (blocking) with the per-mount `flags`.
+///
+/// The flags are set on the new mount *before* it is attached: a mount made
+/// below a shared mount (kubelet's directories reach the plugin with
+/// Bidirectional propagation) is copied into the host's namespace the moment
+/// it is attached, and a remount afterwards changes only the plugin's copy.
+/// So a bind and a remount would leave the pod with none of the flags, not
+/// even `ro`. Kernels without the new mount API (before 5.12) get the bind
+/// and the remount, which is right only where nothing propagates.
 /// `bind`, [`mount_device`] and [`unmount`] are public for `localvol bench`'s
 /// floors (the `cli/` crate), which mount exactly as the driver does.
 pub fn bind(src: &Path, target: &Path, flags: MountFlags) -> Result<(), IoError> {
+    if flags.is_empty() {
+        return plain_bind(src, target);
+    }
+    match attach_bind(src, target, flags) {
+        Err(e) if e.source.raw_os_error() == Some(libc::ENOSYS) => {
+            bind_then_remount(src, target, flags)
+        }
+        other => other,
+    }
+}
+
+fn plain_bind(src: &Path, target: &Path) -> Result<(), IoError> {
     Mount::builder()
         .fstype("none")
         .flags(MountFlags::BIND)
         .mount(src, target)
         .ctx(|| format!("bind-mounting {src:?} on {target:?}"))?;
-    if !flags.is_empty() {
-        let res = Mount::builder()
-            .fstype("none")
-            .flags(MountFlags::BIND | MountFlags::REMOUNT | flags)
-            .mount(target, target)
-            .ctx(|| format!("remounting {target:?} with {flags:?}"));
-        if let Err(e) = res {
-            // Never leave a mount with weaker flags than asked for.
-            let _ = unmount(target);
-            return Err(e);
+    Ok(())
+}
+
+fn bind_then_remount(src: &Path, target: &Path, flags: MountFlags) -> Result<(), IoError> {
+    plain_bind(src, target)?;
+    let res = Mount::builder()
+        .fstype("none")
+        .flags(MountFlags::BIND | MountFlags::REMOUNT | flags)
+        .mount(target, target)
+        .ctx(|| format!("remounting {target:?} with {flags:?}"));
+    if res.is_err() {
+        // Never leave a mount with weaker flags than asked for.
+        let _ = unmount(target);
+    }
+    res.map(drop)
+}
+
+/// The `mount_setattr` attributes for bind flags ([`parse_bind_flag`]'s).
+fn mount_attr(flags: MountFlags) -> libc::mount_attr {
+    let mut set = 0;
+    let pairs = [
+        (MountFlags::RDONLY, libc::MOUNT_ATTR_RDONLY),
+        (MountFlags::NOSUID, libc::MOUNT_ATTR_NOSUID),
+        (MountFlags::NODEV, libc::MOUNT_ATTR_NODEV),
+        (MountFlags::NOEXEC, libc::MOUNT_ATTR_NOEXEC),
+        (MountFlags::NODIRATIME, libc::MOUNT_ATTR_NODIRATIME),
+    ];
+    for (flag, attr) in pairs {
+        if flags.contains(flag) {
+            set |= attr;
         }
     }
+    // The access-time mode is one field: setting it means clearing it first.
+    let atime = if flags.contains(MountFlags::NOATIME) {
+        Some(libc::MOUNT_ATTR_NOATIME)
+    } else if flags.contains(MountFlags::STRICTATIME) {
+        Some(libc::MOUNT_ATTR_STRICTATIME)
+    } else if flags.contains(MountFlags::RELATIME) {
+        Some(libc::MOUNT_ATTR_RELATIME)
+    } else {
+        None
+    };
+    let clr = match atime {
+        Some(a) => {
+            set |= a;
+            libc::MOUNT_ATTR__ATIME
+        }
+        None => 0,
+    };
+    libc::mount_attr {
+        attr_set: set,
+        attr_clr: clr,
+        propagation: 0,
+        userns_fd: 0,
+    }
+}
+
+/// `open_tree(OPEN_TREE_CLONE)` of `src`, `mount_setattr` on the detached
+/// copy, then `move_mount` onto `target`. Until the move nothing is attached,
+/// so nothing can propagate without the flags; a failure leaves nothing.
+fn attach_bind(src: &Path, target: &Path, flags: MountFlags) -> Result<(), IoError> {
+    use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+    let ctx = || format!("bind-mounting {src:?} on {target:?} with {flags:?}");
+    let (csrc, ctarget) = (c_path(src, &ctx)?, c_path(target, &ctx)?);
+    let last = || IoError::new(ctx(), std::io::Error::last_os_error());
+    // SAFETY: the paths are valid NUL-terminated strings; open_tree returns a
+    // new file descriptor (or -1), which is owned from here on.
+    let fd = unsafe {
+        libc::syscall(
+            libc::SYS_open_tree,
+            libc::AT_FDCWD,
+            csrc.as_ptr(),
+            libc::OPEN_TREE_CLONE | libc::OPEN_TREE_CLOEXEC,
+        )
+    };
+    if fd < 0 {
+        return Err(last());
+    }
+    let tree = unsafe { OwnedFd::from_raw_fd(fd as i32) };
+    let attr = mount_attr(flags);
+    let empty = c"";
+    // SAFETY: `attr` is a `struct mount_attr` of the size passed, alive for
+    // the call; `tree` is an open mount fd.
+    let r = unsafe {
+        libc::syscall(
+            libc::SYS_mount_setattr,
+            tree.as_raw_fd(),
+            empty.as_ptr(),
+            libc::AT_EMPTY_PATH,
+            &attr as *const libc::mount_attr,
+            std::mem::size_of::<libc::mount_attr>(),
+        )
+    };
+    if r != 0 {
+        return Err(last());
+    }
+    // SAFETY: as above; the target path is not followed if it is a symlink.
+    let r = unsafe {
+        libc::syscall(
+            libc::SYS_move_mount,
+            tree.as_raw_fd(),
+            empty.as_ptr(),
+            libc::AT_FDCWD,
+            ctarget.as_ptr(),
+            libc::MOVE_MOUNT_F_EMPTY_PATH,
+        )
+    };
+    if r != 0 {
+        return Err(last());
+    }
     Ok(())
+}
+
+fn c_path(p: &Path, ctx: &dyn Fn() -> String) -> Result<std::ffi::CString, IoError> {
+    use std::os::unix::ffi::OsStrExt;
+    std::ffi::CString::new(p.as_os_str().as_bytes())
+        .map_err(|_| IoError::new(ctx(), std::io::Error::from(ErrorKind::InvalidInput)))
 }
 
 /// Mounts a block device with an explicit filesystem type (blocking).
@@ -605,6 +722,97 @@ mod tests {
         let f = d.path().join("file");
         fs::write(&f, b"x").unwrap();
         assert!(!probe(&f).unwrap().unwrap().is_dir);
+    }
+
+    /// Unmounts what a test mounted, last first, even when it fails.
+    struct Mounted(Vec<PathBuf>);
+
+    impl Drop for Mounted {
+        fn drop(&mut self) {
+            for p in self.0.iter().rev() {
+                let _ = sys_mount::unmount(p, UnmountFlags::DETACH);
+            }
+        }
+    }
+
+    fn flags_at(p: &Path) -> nix::sys::statvfs::FsFlags {
+        nix::sys::statvfs::statvfs(p).unwrap().flags()
+    }
+
+    /// Below a shared mount (kubelet's directories in the plugin, with
+    /// Bidirectional propagation) a bind is copied to the peers the moment it
+    /// is attached; the flags must be on every copy, as a pod mounts the
+    /// host's. The fallback's bind and remount reaches only its own copy.
+    /// Real mounts: needs root.
+    #[test]
+    fn bind_flags_reach_the_propagated_copies() {
+        use nix::sys::statvfs::FsFlags;
+        let d = tempfile::tempdir().unwrap();
+        let (shared, peer, src) = (
+            d.path().join("shared"),
+            d.path().join("peer"),
+            d.path().join("src"),
+        );
+        for p in [&shared, &peer, &src] {
+            fs::create_dir(p).unwrap();
+        }
+        let mut m = Mounted(vec![]);
+        mount_device(
+            Path::new("tmpfs"),
+            &shared,
+            "tmpfs",
+            MountFlags::empty(),
+            "",
+        )
+        .unwrap();
+        m.0.push(shared.clone());
+        nix::mount::mount(
+            None::<&str>,
+            &shared,
+            None::<&str>,
+            nix::mount::MsFlags::MS_SHARED,
+            None::<&str>,
+        )
+        .unwrap();
+        bind(&shared, &peer, MountFlags::empty()).unwrap();
+        m.0.push(peer.clone());
+        let (t, u) = (shared.join("t"), shared.join("u"));
+        fs::create_dir(&t).unwrap();
+        fs::create_dir(&u).unwrap();
+        let flags = MountFlags::RDONLY
+            | MountFlags::NOSUID
+            | MountFlags::NODEV
+            | MountFlags::NOEXEC
+            | MountFlags::NOATIME;
+        let want = FsFlags::ST_RDONLY
+            | FsFlags::ST_NOSUID
+            | FsFlags::ST_NODEV
+            | FsFlags::ST_NOEXEC
+            | FsFlags::ST_NOATIME;
+        bind(&src, &t, flags).unwrap();
+        m.0.extend([t.clone(), peer.join("t")]);
+        for at in [&t, &peer.join("t")] {
+            assert!(flags_at(at).contains(want), "{at:?}: {:?}", flags_at(at));
+        }
+        // The fallback for kernels before 5.12: right where nothing propagates.
+        bind_then_remount(&src, &u, flags).unwrap();
+        m.0.extend([u.clone(), peer.join("u")]);
+        assert!(flags_at(&u).contains(want), "{:?}", flags_at(&u));
+        assert!(
+            !flags_at(&peer.join("u")).intersects(want),
+            "{:?}",
+            flags_at(&peer.join("u"))
+        );
+        // The access-time mode is replaced, not added to.
+        let s = shared.join("s");
+        fs::create_dir(&s).unwrap();
+        bind(&t, &s, MountFlags::STRICTATIME).unwrap();
+        m.0.push(s.clone());
+        assert!(
+            !flags_at(&s).contains(FsFlags::ST_NOATIME),
+            "{:?}",
+            flags_at(&s)
+        );
     }
 
     #[test]
