@@ -137,13 +137,19 @@ pub struct Driver {
     pub cgroup_root: PathBuf,
 }
 
+/// What `serve` checks of its identity before it binds the socket.
+pub fn check_identity(who: &Identity) -> Result<()> {
+    check_node_id(&who.node_id)?;
+    if !who.kubelet_dir.is_absolute() {
+        return Err(DriverError::RelativeKubeletDir(who.kubelet_dir.clone()));
+    }
+    Ok(())
+}
+
 impl Driver {
     /// Opens the pools (and the static volumes) of `config`.
     pub async fn open(who: &Identity, config: &Config) -> Result<Arc<Driver>> {
-        check_node_id(&who.node_id)?;
-        if !who.kubelet_dir.is_absolute() {
-            return Err(DriverError::RelativeKubeletDir(who.kubelet_dir.clone()));
-        }
+        check_identity(who)?;
         let pools = Pools::open(config).await;
         let statics = match config.discovery.clone() {
             Some(d) => Some(Arc::new(

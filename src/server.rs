@@ -14,10 +14,11 @@ use crate::config::Config;
 use crate::csi::{
     controller_server::ControllerServer, identity_server::IdentityServer, node_server::NodeServer,
 };
-use crate::driver::{Driver, DriverError, Identity};
+use crate::driver::{check_identity, Driver, DriverError, Identity};
 use crate::endpoint::Endpoint;
 use crate::error::{IoContext, IoError};
 use crate::liveness::Liveness;
+use crate::service::gate::{Gate, Opened};
 
 /// Why the driver did not start, or its server stopped with an error.
 #[derive(Debug, thiserror::Error)]
@@ -35,7 +36,9 @@ pub enum ServeError {
 }
 
 type Result<T, E = ServeError> = std::result::Result<T, E>;
-use crate::service::{controller::ControllerService, identity::IdentityService, node::NodeService};
+use crate::service::controller::ControllerService;
+use crate::service::identity::IdentityService;
+use crate::service::node::{node_info, NodeService};
 use crate::task::AbortOnDrop;
 
 #[derive(Clone, Debug)]
@@ -163,18 +166,111 @@ pub fn runtime(sizing: RuntimeSizing) -> std::io::Result<(tokio::runtime::Runtim
 
 /// Opens the pools and assembles the shared driver state.
 pub async fn build_driver(opts: &ServeOptions) -> Result<Arc<Driver>> {
-    let who = Identity {
-        driver_name: opts.driver_name.clone(),
-        node_id: opts.node_id.clone(),
-        kubelet_dir: opts.kubelet_dir.clone(),
-    };
-    Ok(Driver::open(&who, &opts.config).await?)
+    Ok(Driver::open(&opts.identity(), &opts.config).await?)
+}
+
+impl ServeOptions {
+    fn identity(&self) -> Identity {
+        Identity {
+            driver_name: self.driver_name.clone(),
+            node_id: self.node_id.clone(),
+            kubelet_dir: self.kubelet_dir.clone(),
+        }
+    }
 }
 
 /// Serves until `shutdown` resolves, then removes the socket.
+///
+/// The socket is bound first and the pools opened behind it (`service/gate.rs`):
+/// Identity and NodeGetInfo answer at once, Probe says not ready and the
+/// rest is UNAVAILABLE until they are open. A pool set that fails to open
+/// ends the server with that error, as before.
 pub async fn serve(opts: ServeOptions, shutdown: impl Future<Output = ()> + Send) -> Result<()> {
-    let driver = build_driver(&opts).await?;
-    // Ephemeral inline volumes whose pods went while the driver was down.
+    let open = build_driver(&opts);
+    serve_opening(&opts, open, shutdown).await
+}
+
+/// [`serve`] with the open given (tests hold it back to see the server
+/// while its pools open).
+pub async fn serve_opening(
+    opts: &ServeOptions,
+    open: impl Future<Output = Result<Arc<Driver>>>,
+    shutdown: impl Future<Output = ()> + Send,
+) -> Result<()> {
+    check_identity(&opts.identity())?;
+    let opened = Opened::default();
+    let controller = Gate::default();
+    let router = Server::builder()
+        .add_service(IdentityServer::new(IdentityService::opening(
+            opts.driver_name.clone(),
+            opened.clone(),
+        )))
+        .add_service(controller.clone())
+        .add_service(NodeServer::new(NodeService::opening(
+            node_info(&opts.node_id, opts.config.max_volumes_per_node),
+            opened.clone(),
+        )));
+    let started = async {
+        let driver = open.await?;
+        let tasks = start_driver(opts, &driver).await?;
+        controller.open(ControllerServer::new(ControllerService::new(
+            driver.clone(),
+        )));
+        opened.set(driver);
+        tracing::info!("pools open: serving every CSI call");
+        Ok::<_, ServeError>(tasks)
+    };
+    match &opts.endpoint {
+        Endpoint::Unix(path) => {
+            let listener = bind_unix(path, opts.socket_group.as_deref())?;
+            let ours = socket_identity(path);
+            let shutdown = unlink_on(shutdown, path, ours);
+            let _liveness = start_liveness(opts)?;
+            tracing::info!(endpoint = %opts.endpoint, node = %opts.node_id, "serving CSI; opening the pools");
+            // Clients that send the socket path as :authority (grpc C-core,
+            // grpc-java, grpcurl, csc) need it rewritten: src/authority.rs.
+            let incoming = UnixListenerStream::new(listener)
+                .map(|conn| conn.map(crate::authority::AuthorityFix::new));
+            let serving = router.serve_with_incoming_shutdown(incoming, shutdown);
+            let res = serve_while(serving, started).await;
+            remove_socket_if(path, ours);
+            res
+        }
+        Endpoint::Tcp(addr) => {
+            let listener = tokio::net::TcpListener::bind(addr)
+                .await
+                .ctx(|| format!("binding {addr}"))?;
+            let _liveness = start_liveness(opts)?;
+            tracing::info!(endpoint = %opts.endpoint, node = %opts.node_id, "serving CSI (tcp, for debugging); opening the pools");
+            let incoming = TcpListenerStream::new(listener);
+            serve_while(
+                router.serve_with_incoming_shutdown(incoming, shutdown),
+                started,
+            )
+            .await
+        }
+    }
+}
+
+/// Serves while the pools open, then on with what opening them started (the
+/// background tasks live as long as the server); a failed open ends it.
+async fn serve_while(
+    serving: impl Future<Output = std::result::Result<(), tonic::transport::Error>>,
+    started: impl Future<Output = Result<Vec<AbortOnDrop>>>,
+) -> Result<()> {
+    tokio::pin!(serving);
+    let _tasks = tokio::select! {
+        res = &mut serving => return Ok(res?),
+        tasks = started => tasks?,
+    };
+    Ok(serving.await?)
+}
+
+/// What runs beside the CSI services once the pools are open; stopped when
+/// what it returns is dropped.
+async fn start_driver(opts: &ServeOptions, driver: &Arc<Driver>) -> Result<Vec<AbortOnDrop>> {
+    // Ephemeral inline volumes whose pods went while the driver was down
+    // (before any Node call can see the driver).
     let swept = driver.sweep_ephemeral().await;
     if !swept.is_empty() {
         tracing::info!(
@@ -182,70 +278,38 @@ pub async fn serve(opts: ServeOptions, shutdown: impl Future<Output = ()> + Send
             "removed ephemeral volumes of gone pods"
         );
     }
-    // Dropped (and so stopped) when serve returns.
-    let _metrics = match opts.metrics_addr {
-        Some(addr) => Some(AbortOnDrop(tokio::spawn(
+    let mut tasks = vec![];
+    if let Some(addr) = opts.metrics_addr {
+        tasks.push(AbortOnDrop(tokio::spawn(
             crate::metrics::bind(addr, driver.clone(), opts.metrics_wait).await?,
-        ))),
-        None => None,
-    };
+        )));
+    }
     // Static discovery's PV loop (needs the cluster; the node RPCs do not).
-    let _discovery = driver
-        .statics
-        .clone()
-        .map(|statics| AbortOnDrop(tokio::spawn(run_discovery(driver.clone(), statics))));
-    let _orphans = opts.config.orphans.clone().map(|cfg| {
-        AbortOnDrop(tokio::spawn(run_orphans(
+    if let Some(statics) = driver.statics.clone() {
+        tasks.push(AbortOnDrop(tokio::spawn(run_discovery(
+            driver.clone(),
+            statics,
+        ))));
+    }
+    if let Some(cfg) = opts.config.orphans.clone() {
+        tasks.push(AbortOnDrop(tokio::spawn(run_orphans(
             driver.clone(),
             cfg,
             opts.namespace.clone(),
             opts.kube_api.clone(),
-        )))
-    });
-    let _storage = AbortOnDrop(tokio::spawn(publish_storage(
+        ))));
+    }
+    tasks.push(AbortOnDrop(tokio::spawn(publish_storage(
         driver.clone(),
         opts.kube_api.clone(),
-    )));
-    let _attributes = run_attributes(&driver, &opts);
-    let _monitor = AbortOnDrop(tokio::spawn(run_monitor(
+    ))));
+    tasks.extend(run_attributes(driver, opts));
+    tasks.push(AbortOnDrop(tokio::spawn(run_monitor(
         driver.clone(),
         opts.kube_api.clone(),
         opts.pool_check_interval,
-    )));
-    let router = Server::builder()
-        .add_service(IdentityServer::new(IdentityService::new(driver.clone())))
-        .add_service(ControllerServer::new(ControllerService::new(
-            driver.clone(),
-        )))
-        .add_service(NodeServer::new(NodeService::new(driver)));
-    match &opts.endpoint {
-        Endpoint::Unix(path) => {
-            let listener = bind_unix(path, opts.socket_group.as_deref())?;
-            let ours = socket_identity(path);
-            let shutdown = unlink_on(shutdown, path, ours);
-            let _liveness = start_liveness(&opts)?;
-            tracing::info!(endpoint = %opts.endpoint, node = %opts.node_id, "serving CSI");
-            // Clients that send the socket path as :authority (grpc C-core,
-            // grpc-java, grpcurl, csc) need it rewritten: src/authority.rs.
-            let incoming = UnixListenerStream::new(listener)
-                .map(|conn| conn.map(crate::authority::AuthorityFix::new));
-            let res = router
-                .serve_with_incoming_shutdown(incoming, shutdown)
-                .await;
-            remove_socket_if(path, ours);
-            Ok(res?)
-        }
-        Endpoint::Tcp(addr) => {
-            let listener = tokio::net::TcpListener::bind(addr)
-                .await
-                .ctx(|| format!("binding {addr}"))?;
-            let _liveness = start_liveness(&opts)?;
-            tracing::info!(endpoint = %opts.endpoint, node = %opts.node_id, "serving CSI (tcp, for debugging)");
-            Ok(router
-                .serve_with_incoming_shutdown(TcpListenerStream::new(listener), shutdown)
-                .await?)
-        }
-    }
+    ))));
+    Ok(tasks)
 }
 
 /// Starts the liveness endpoint (`--liveness-addr`; `liveness.rs`) once the
@@ -494,6 +558,131 @@ fn bind_unix(path: &Path, group: Option<&str>) -> Result<tokio::net::UnixListene
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn options(dir: &Path) -> ServeOptions {
+        ServeOptions {
+            endpoint: Endpoint::Unix(dir.join("csi.sock")),
+            node_id: "node-a".into(),
+            driver_name: "localvol.csi.dev".into(),
+            config: Config::embedded(&dir.join("pools")),
+            kubelet_dir: dir.join("kubelet"),
+            socket_group: None,
+            metrics_addr: None,
+            liveness_addr: None,
+            liveness_deadline: std::time::Duration::from_secs(60),
+            namespace: "localvol".into(),
+            kube_api: None,
+            pool_check_interval: std::time::Duration::from_secs(3600),
+            metrics_wait: std::time::Duration::from_secs(5),
+        }
+    }
+
+    /// The socket answers while the pools open (a node whose lvm is slow
+    /// takes minutes): Identity and NodeGetInfo at once, Probe "not ready"
+    /// (what the sidecars wait on), the rest UNAVAILABLE; then everything.
+    #[tokio::test]
+    async fn the_socket_answers_while_the_pools_open() {
+        use crate::csi::node_client::NodeClient;
+        use crate::csi::{controller_client::ControllerClient, identity_client::IdentityClient};
+        let dir = tempfile::tempdir().unwrap();
+        let opts = options(dir.path());
+        let (go, wait) = tokio::sync::oneshot::channel::<()>();
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let open = {
+            let opts = opts.clone();
+            async move {
+                let _ = wait.await;
+                build_driver(&opts).await
+            }
+        };
+        let server = {
+            let opts = opts.clone();
+            tokio::spawn(async move {
+                serve_opening(&opts, open, async {
+                    let _ = stopped.await;
+                })
+                .await
+            })
+        };
+        let channel = loop {
+            match opts.endpoint.connect().await {
+                Ok(c) => break c,
+                Err(_) => tokio::time::sleep(std::time::Duration::from_millis(20)).await,
+            }
+        };
+        let mut identity = IdentityClient::new(channel.clone());
+        let mut node = NodeClient::new(channel.clone());
+        let mut controller = ControllerClient::new(channel);
+        let info = identity
+            .get_plugin_info(crate::csi::GetPluginInfoRequest {})
+            .await
+            .unwrap();
+        assert_eq!(info.into_inner().name, "localvol.csi.dev");
+        let probe = identity
+            .probe(crate::csi::ProbeRequest {})
+            .await
+            .unwrap()
+            .into_inner();
+        assert_eq!(probe.ready, Some(false));
+        let ni = node
+            .node_get_info(crate::csi::NodeGetInfoRequest {})
+            .await
+            .unwrap()
+            .into_inner();
+        assert_eq!(ni.node_id, "node-a");
+        let caps = controller
+            .controller_get_capabilities(crate::csi::ControllerGetCapabilitiesRequest {})
+            .await
+            .unwrap_err();
+        assert_eq!(caps.code(), tonic::Code::Unavailable, "{caps:?}");
+        let stats = node
+            .node_get_volume_stats(crate::csi::NodeGetVolumeStatsRequest {
+                volume_id: "x".into(),
+                volume_path: dir.path().join("kubelet/x").to_string_lossy().into_owned(),
+                staging_target_path: String::new(),
+            })
+            .await
+            .unwrap_err();
+        assert_eq!(stats.code(), tonic::Code::Unavailable, "{stats:?}");
+        go.send(()).unwrap();
+        let ready = loop {
+            let p = identity
+                .probe(crate::csi::ProbeRequest {})
+                .await
+                .unwrap()
+                .into_inner();
+            if p.ready == Some(true) {
+                break p;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+        };
+        assert_eq!(ready.ready, Some(true));
+        let caps = controller
+            .controller_get_capabilities(crate::csi::ControllerGetCapabilitiesRequest {})
+            .await
+            .unwrap()
+            .into_inner();
+        assert!(!caps.capabilities.is_empty());
+        stop.send(()).unwrap();
+        server.await.unwrap().unwrap();
+        assert!(!dir.path().join("csi.sock").exists());
+    }
+
+    /// A pool set that cannot open ends the server with its error, and the
+    /// socket it bound goes with it.
+    #[tokio::test]
+    async fn a_failed_open_ends_the_server() {
+        let dir = tempfile::tempdir().unwrap();
+        let opts = options(dir.path());
+        let open = async {
+            Err(ServeError::NoSuchGroup(
+                "stands in for a failed open".into(),
+            ))
+        };
+        let res = serve_opening(&opts, open, std::future::pending()).await;
+        assert!(matches!(res, Err(ServeError::NoSuchGroup(_))), "{res:?}");
+        assert!(!dir.path().join("csi.sock").exists());
+    }
 
     #[tokio::test]
     async fn a_socket_is_removed_only_while_it_is_still_this_servers() {

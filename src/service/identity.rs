@@ -1,20 +1,26 @@
 //! CSI Identity service.
 
-use std::sync::Arc;
-
 use tonic::{Request, Response, Status};
 
-use super::{rpc, Driver};
+use super::gate::Opened;
+use super::rpc;
 use crate::csi;
 use crate::csi::plugin_capability::{self, service, volume_expansion};
 
 pub struct IdentityService {
-    driver: Arc<Driver>,
+    name: String,
+    version: String,
+    opened: Opened,
 }
 
 impl IdentityService {
-    pub fn new(driver: Arc<Driver>) -> Self {
-        Self { driver }
+    /// Probe says not ready until `opened` is set (`service/gate.rs`).
+    pub fn opening(name: String, opened: Opened) -> Self {
+        Self {
+            name,
+            version: env!("CARGO_PKG_VERSION").to_owned(),
+            opened,
+        }
     }
 }
 
@@ -26,8 +32,8 @@ impl csi::identity_server::Identity for IdentityService {
     ) -> Result<Response<csi::GetPluginInfoResponse>, Status> {
         rpc("GetPluginInfo", "", async {
             Ok(csi::GetPluginInfoResponse {
-                name: self.driver.name.clone(),
-                vendor_version: self.driver.version.clone(),
+                name: self.name.clone(),
+                vendor_version: self.version.clone(),
                 manifest: Default::default(),
             })
         })
@@ -65,13 +71,15 @@ impl csi::identity_server::Identity for IdentityService {
         &self,
         _req: Request<csi::ProbeRequest>,
     ) -> Result<Response<csi::ProbeResponse>, Status> {
-        // Ready whenever the driver answers. A pool that cannot serve is
-        // not a reason to restart the plugin (a restart brings no disk
-        // back, and every other pool's volumes would lose their plugin
-        // meanwhile): it offers no capacity and refuses its own RPCs
-        // instead (`monitor.rs`).
+        // Ready whenever the driver answers, once its pools are open. A
+        // pool that cannot serve is not a reason to restart the plugin (a
+        // restart brings no disk back, and every other pool's volumes would
+        // lose their plugin meanwhile): it offers no capacity and refuses
+        // its own RPCs instead (`monitor.rs`). While the pools open, "not
+        // ready" is what the sidecars' start waits on (`service/gate.rs`).
+        let ready = self.opened.is_open();
         rpc("Probe", "", async {
-            Ok(csi::ProbeResponse { ready: Some(true) })
+            Ok(csi::ProbeResponse { ready: Some(ready) })
         })
         .await
     }

@@ -22,6 +22,7 @@ use crate::ids::{truncate, PoolName, StorageId, STORAGE_ID_KEY};
 use crate::pool::{AccessMode, AccessType, Encryption};
 
 pub mod controller;
+pub mod gate;
 pub mod identity;
 pub mod node;
 pub mod status;
@@ -36,9 +37,9 @@ pub const PARAM_ENCRYPTION: &str = "encryption";
 pub const K8S_PARAM_PREFIX: &str = "csi.storage.k8s.io/";
 
 /// This node's topology segment, as every volume and NodeGetInfo carry it.
-pub fn topology(driver: &Driver) -> csi::Topology {
+pub fn topology(node_id: &str) -> csi::Topology {
     csi::Topology {
-        segments: HashMap::from([(TOPOLOGY_KEY.to_owned(), driver.node_id.clone())]),
+        segments: HashMap::from([(TOPOLOGY_KEY.to_owned(), node_id.to_owned())]),
     }
 }
 

@@ -5,6 +5,7 @@ use std::sync::Arc;
 
 use tonic::{Request, Response, Status};
 
+use super::gate::Opened;
 use super::status::Refusal;
 use super::{decode_capability, rpc, to_i64, Capability, Driver, Result};
 use crate::blockdev::FsType;
@@ -23,12 +24,21 @@ use crate::pool::{
 };
 
 pub struct NodeService {
-    driver: Arc<Driver>,
+    opened: Opened,
+    /// NodeGetInfo's answer, which needs no pool (`service/gate.rs`).
+    info: csi::NodeGetInfoResponse,
 }
 
 impl NodeService {
-    pub fn new(driver: Arc<Driver>) -> Self {
-        Self { driver }
+    /// NodeGetInfo answers at once; the rest is UNAVAILABLE until `opened`
+    /// is set (`service/gate.rs`).
+    pub fn opening(info: csi::NodeGetInfoResponse, opened: Opened) -> Self {
+        Self { opened, info }
+    }
+
+    /// The driver, once its pools are open.
+    fn driver(&self) -> Result<&Arc<Driver>> {
+        self.opened.get()
     }
 
     /// Decodes a staging or target path (INVALID_ARGUMENT when it is outside
@@ -41,7 +51,7 @@ impl NodeService {
     /// The checks of [`NodeService::path`] that need no filesystem; the caller
     /// resolves it in the blocking call that uses it (one handoff, not two).
     fn request_path(&self, what: &'static str, p: &str) -> Result<RequestPath> {
-        Ok(RequestPath::parse(what, &self.driver.kubelet_dir, p)?)
+        Ok(RequestPath::parse(what, &self.driver()?.kubelet_dir, p)?)
     }
 
     /// Like [`NodeService::path`], and NOT_FOUND when nothing is there.
@@ -61,10 +71,10 @@ impl NodeService {
         op: fn(&Path, &Path, &Path) -> Result<bool, NodeError>,
         close: bool,
     ) -> Result<bool> {
-        let Some(found) = self.driver.device_of("volume_id", volume_id)? else {
+        let Some(found) = self.driver()?.device_of("volume_id", volume_id)? else {
             return Ok(false);
         };
-        let _guard = self.driver.lock_volume(&found.id)?;
+        let _guard = self.driver()?.lock_volume(&found.id)?;
         let (path, dev, mapping) = (path.clone(), found.dev, found.mapping.clone());
         let (done, mapped) = blocking(move || -> Result<_> {
             let (scope, path) = path.resolve_in()?;
@@ -102,7 +112,7 @@ impl NodeService {
     fn lookup_path(&self, p: &str) -> Result<PathPlace> {
         Ok(RequestPath::place(
             "volume_path",
-            &self.driver.kubelet_dir,
+            &self.driver()?.kubelet_dir,
             p,
         )?)
     }
@@ -129,9 +139,13 @@ impl NodeService {
             }
             return Ok(());
         };
-        let r =
-            nodeops::enforce_io_limits(self.driver.cgroup_paths(), src, &vol.io_limits, Some(pod))
-                .await;
+        let r = nodeops::enforce_io_limits(
+            self.driver()?.cgroup_paths(),
+            src,
+            &vol.io_limits,
+            Some(pod),
+        )
+        .await;
         match r {
             Err(e) if vol.io_limits.is_unlimited() => {
                 tracing::debug!(volume = %vol.id, error = %e, "no IO limits to lift");
@@ -146,7 +160,7 @@ impl NodeService {
         (id, pool, vol): (crate::ids::VolumeId, Arc<dyn Pool>, Volume),
         target: RequestPath,
     ) -> Result<()> {
-        let _guard = self.driver.lock_volume(&id)?;
+        let _guard = self.driver()?.lock_volume(&id)?;
         let src = pool.source(&vol)?;
         blocking(move || -> Result<_> {
             Ok(nodeops::unpublish(
@@ -192,12 +206,13 @@ impl NodeService {
                 req.volume_id
             )));
         }
+        let driver = self.driver()?;
         let pool_name = attrs
             .params
             .pool
             .clone()
-            .unwrap_or_else(|| self.driver.pools.default_pool().clone());
-        let pool = self.driver.pools.require(&pool_name)?.clone();
+            .unwrap_or_else(|| driver.pools.default_pool().clone());
+        let pool = driver.pools.require(&pool_name)?.clone();
         if pool.backend() != "dir" {
             return Err(Status::invalid_argument(format!(
                 "ephemeral volumes come from dir pools; pool {pool_name} is {}",
@@ -207,7 +222,7 @@ impl NodeService {
         let src_flags = mount_options(&cap, &Source::Directory(PathBuf::new()))?.flags;
         let target = blocking(move || -> Result<_> { Ok(target.resolve()?) }).await?;
         let id = crate::ids::VolumeId::new(pool_name, &name);
-        let _guard = self.driver.lock_volume(&id)?;
+        let _guard = self.driver()?.lock_volume(&id)?;
         let mut parameters = attrs.params.kept;
         parameters.insert(EPHEMERAL_KEY.to_owned(), "true".to_owned());
         parameters.insert(
@@ -303,9 +318,9 @@ impl csi::node_server::Node for NodeService {
             let key = req.secrets.get(KEY_FIELD).map(|v| Key::new(v.as_bytes()));
             let storage = super::decode_storage_id(&req.volume_context)?;
             let format = super::decode_format_context(&req.volume_context)?;
-            let (id, pool, vol) = self.driver.require("volume_id", &req.volume_id).await?;
-            self.driver.require_usable(&id.pool)?;
-            self.driver
+            let (id, pool, vol) = self.driver()?.require("volume_id", &req.volume_id).await?;
+            self.driver()?.require_usable(&id.pool)?;
+            self.driver()?
                 .check_storage(&id, pool.as_ref(), storage.as_ref())?;
             check_access_type(&cap, &vol)?;
             let enc = pool.encrypted(&vol)?;
@@ -340,7 +355,7 @@ impl csi::node_server::Node for NodeService {
                 }
                 _ => Default::default(),
             };
-            let _guard = self.driver.lock_volume(&id)?;
+            let _guard = self.driver()?.lock_volume(&id)?;
             let stage = pipeline::Stage {
                 staging,
                 fs_type,
@@ -369,7 +384,7 @@ impl csi::node_server::Node for NodeService {
             {
                 return Ok(csi::NodeUnstageVolumeResponse {});
             }
-            let found = self.driver.require("volume_id", &req.volume_id).await;
+            let found = self.driver()?.require("volume_id", &req.volume_id).await;
             let (id, pool, vol) = match found {
                 Err(e) if e.pool_not_open() => {
                     // Its pool could not be opened, so the volume cannot be
@@ -386,7 +401,7 @@ impl csi::node_server::Node for NodeService {
                 }
                 found => found?,
             };
-            let _guard = self.driver.lock_volume(&id)?;
+            let _guard = self.driver()?.lock_volume(&id)?;
             let src = pool.source(&vol).ok();
             blocking(move || -> Result<_> {
                 let (scope, staging) = staging.resolve_in()?;
@@ -423,13 +438,13 @@ impl csi::node_server::Node for NodeService {
                     req.target_path, req.staging_target_path
                 )));
             }
-            let (id, pool, vol) = self.driver.require("volume_id", &req.volume_id).await?;
-            self.driver.require_usable(&id.pool)?;
-            self.driver
+            let (id, pool, vol) = self.driver()?.require("volume_id", &req.volume_id).await?;
+            self.driver()?.require_usable(&id.pool)?;
+            self.driver()?
                 .check_storage(&id, pool.as_ref(), storage.as_ref())?;
             check_access_type(&cap, &vol)?;
             let opts = mount_options(&cap, &pool.source(&vol)?)?;
-            let _guard = self.driver.lock_volume(&id)?;
+            let _guard = self.driver()?.lock_volume(&id)?;
             let publish = pipeline::Publish {
                 target,
                 staging,
@@ -472,11 +487,11 @@ impl csi::node_server::Node for NodeService {
             {
                 return Ok(csi::NodeUnpublishVolumeResponse {});
             }
-            if let Some(found) = self.driver.find_ephemeral(&req.volume_id).await? {
+            if let Some(found) = self.driver()?.find_ephemeral(&req.volume_id).await? {
                 self.unpublish_ephemeral(found, target).await?;
                 return Ok(csi::NodeUnpublishVolumeResponse {});
             }
-            let found = match self.driver.find("volume_id", &req.volume_id).await {
+            let found = match self.driver()?.find("volume_id", &req.volume_id).await {
                 Err(e) if e.pool_not_open() => {
                     // As in NodeUnstageVolume: the pod's mount goes, so
                     // that the pod can, while the pool is not open.
@@ -506,7 +521,7 @@ impl csi::node_server::Node for NodeService {
                     .into()),
                 };
             };
-            let _guard = self.driver.lock_volume(&id)?;
+            let _guard = self.driver()?.lock_volume(&id)?;
             let (src, access) = (pool.source(&vol).ok(), vol.access_type);
             blocking(move || -> Result<_> {
                 Ok(nodeops::unpublish(
@@ -528,8 +543,8 @@ impl csi::node_server::Node for NodeService {
         rpc("NodeGetVolumeStats", &req.volume_id, async {
             check_text("volume_id", &req.volume_id)?;
             let place = self.lookup_path(&req.volume_path)?;
-            let (id, pool, vol) = self.driver.require("volume_id", &req.volume_id).await?;
-            if let Some(why) = self.driver.pools.unusable(&id.pool) {
+            let (id, pool, vol) = self.driver()?.require("volume_id", &req.volume_id).await?;
+            if let Some(why) = self.driver()?.pools.unusable(&id.pool) {
                 // An answer, not an error: kubelet shows the condition on
                 // the pod's PVC (and the health monitor reports it).
                 let r = unusable_stats(&id.pool, &why, vol.size_bytes);
@@ -609,15 +624,15 @@ impl csi::node_server::Node for NodeService {
                 Some(c) => Some(decode_capability(c)?),
                 None => None,
             };
-            let (id, pool, vol) = self.driver.require("volume_id", &req.volume_id).await?;
-            self.driver.require_usable(&id.pool)?;
+            let (id, pool, vol) = self.driver()?.require("volume_id", &req.volume_id).await?;
+            self.driver()?.require_usable(&id.pool)?;
             if let Some(cap) = &cap {
                 check_access_type(cap, &vol)?;
             }
             // Only a path that holds this volume: never resize a volume on
             // the word of a path that is another volume's (or nothing).
             let at = self.volume_path(place, &pool, &vol, false).await?;
-            let _guard = self.driver.lock_volume(&id)?;
+            let _guard = self.driver()?.lock_volume(&id)?;
             let expand = pipeline::Expand {
                 id,
                 range,
@@ -657,14 +672,16 @@ impl csi::node_server::Node for NodeService {
         &self,
         _req: Request<csi::NodeGetInfoRequest>,
     ) -> Result<Response<csi::NodeGetInfoResponse>, Status> {
-        rpc("NodeGetInfo", "", async {
-            Ok(csi::NodeGetInfoResponse {
-                node_id: self.driver.node_id.clone(),
-                max_volumes_per_node: self.driver.max_volumes_per_node,
-                accessible_topology: Some(super::topology(&self.driver)),
-            })
-        })
-        .await
+        rpc("NodeGetInfo", "", async { Ok(self.info.clone()) }).await
+    }
+}
+
+/// What NodeGetInfo answers for `node_id`.
+pub fn node_info(node_id: &str, max_volumes_per_node: i64) -> csi::NodeGetInfoResponse {
+    csi::NodeGetInfoResponse {
+        node_id: node_id.to_owned(),
+        max_volumes_per_node,
+        accessible_topology: Some(super::topology(node_id)),
     }
 }
 

@@ -289,6 +289,9 @@ pub enum Refusal {
         available: String,
         most: String,
     },
+    /// The driver serves while its pools open (`service/gate.rs`); retried.
+    #[error("the driver is still opening its pools; retry")]
+    Opening,
     /// A limit below the smallest device the filesystem can be made on.
     #[error(
         "a {fs} volume needs at least {min} (mkfs.{fs} refuses less){luks}; limit_bytes is {limit}"
@@ -309,6 +312,7 @@ pub fn refusal_code(e: &Refusal) -> Code {
         }
         Refusal::NotInTopology { .. } => Code::ResourceExhausted,
         Refusal::BadToken { .. } => Code::Aborted,
+        Refusal::Opening => Code::Unavailable,
         Refusal::Shrink { .. }
         | Refusal::NoRoomToGrow { .. }
         | Refusal::TooSmallForFilesystem { .. } => Code::OutOfRange,

@@ -161,7 +161,7 @@ impl ControllerService {
             volume_id: v.id.clone(),
             volume_context: storage.into_iter().collect(),
             content_source: None,
-            accessible_topology: vec![super::topology(&self.driver)],
+            accessible_topology: vec![super::topology(&self.driver.node_id)],
         }
     }
 
