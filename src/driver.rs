@@ -123,14 +123,12 @@ pub struct Identity {
 /// State shared by the three services.
 pub struct Driver {
     pub name: String,
-    pub version: String,
     pub node_id: String,
     pub pools: Pools,
     /// Per-volume operation locks, shared with static discovery's cleanup.
     pub locks: Arc<VolumeLocks>,
     /// Staging and target paths must lie below this directory.
     pub kubelet_dir: PathBuf,
-    pub max_volumes_per_node: i64,
     /// Statically discovered volumes (config `discovery:`), found by handle.
     pub statics: Option<Arc<StaticPool>>,
     /// The node's cgroup v2 root (config `cgroupRoot`), for IO limits.
@@ -163,12 +161,10 @@ impl Driver {
         };
         Ok(Arc::new(Driver {
             name: who.driver_name.clone(),
-            version: env!("CARGO_PKG_VERSION").to_owned(),
             node_id: who.node_id.clone(),
             pools,
             locks: Arc::default(),
             kubelet_dir: who.kubelet_dir.clone(),
-            max_volumes_per_node: config.max_volumes_per_node,
             statics,
             cgroup_root: config.cgroup_root.clone(),
         }))
