@@ -21,6 +21,46 @@ pub(super) async fn cmd_probe(c: &Clients) -> Result<Output, ClientError> {
     })
 }
 
+/// `probe --wait SECS`: probes until the driver says it is ready, retrying
+/// what a driver that is starting answers (no socket yet, UNAVAILABLE, not
+/// ready) every 100 ms; after `wait` the last reason is the error.
+pub(super) async fn wait_ready(
+    endpoint: &Endpoint,
+    wait: Duration,
+    timeout: Duration,
+) -> Result<Output, ClientError> {
+    let deadline = tokio::time::Instant::now() + wait;
+    loop {
+        let why = match connect(endpoint).await {
+            Err(e) => e.to_string(),
+            Ok(channel) => {
+                let left = deadline.saturating_duration_since(tokio::time::Instant::now());
+                let c = Clients::new(channel, timeout.min(left).max(Duration::from_millis(100)));
+                match cmd_probe(&c).await {
+                    Ok(out) if out.json["ready"] != json!(false) => return Ok(out),
+                    Ok(_) => "the driver is not ready".to_owned(),
+                    Err(ClientError::Rpc(s)) if retryable(s.code()) => {
+                        ClientError::Rpc(s).to_string()
+                    }
+                    Err(e) => return Err(e),
+                }
+            }
+        };
+        if tokio::time::Instant::now() >= deadline {
+            return Err(ClientError::Connect(format!(
+                "not ready after {} s: {why}",
+                wait.as_secs()
+            )));
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// What a starting driver answers before it is ready.
+fn retryable(code: Code) -> bool {
+    matches!(code, Code::Unavailable | Code::DeadlineExceeded)
+}
+
 /// `capacity`: GetCapacity for the given parameters.
 pub(super) async fn cmd_capacity(
     c: &Clients,

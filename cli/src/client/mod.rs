@@ -20,7 +20,7 @@
 //!
 //! | command     | object |
 //! |-------------|--------|
-//! | `probe`     | `{"ready": bool\|null}` |
+//! | `probe`     | `{"ready": bool\|null}` (with `--wait SECS`: once ready, or exit 1 after SECS) |
 //! | `info`      | `{"name", "vendor_version", "manifest": {..}, "plugin_capabilities": [..], "node": {"node_id", "max_volumes_per_node", "accessible_topology": {..}\|null}\|null, "controller_capabilities": [..]\|null, "node_capabilities": [..]\|null}` |
 //! | `capacity`  | `{"available_capacity", "maximum_volume_size": n\|null, "minimum_volume_size": n\|null}` |
 //! | `create`    | a volume: `{"volume_id", "capacity_bytes", "volume_context": {..}, "accessible_topology": [{..}]}` |
@@ -92,7 +92,13 @@ pub struct ClientArgs {
 #[derive(Subcommand, Debug)]
 pub enum ClientCommand {
     /// Probe: is the driver ready?
-    Probe,
+    Probe {
+        /// Wait up to SECS for a ready answer: retry while the socket is
+        /// absent or refuses, the driver answers UNAVAILABLE, or Probe says
+        /// not ready (the pools still open); any other error ends it.
+        #[arg(long, value_name = "SECS")]
+        wait: Option<u64>,
+    },
     /// Plugin info and capabilities, node info, controller and node capabilities.
     Info,
     /// GetCapacity.
@@ -323,6 +329,10 @@ pub struct Output {
 /// is 0 on success and 1 on any error.
 pub async fn main(args: ClientArgs) -> ExitCode {
     let res = async {
+        if let ClientCommand::Probe { wait: Some(secs) } = args.command {
+            let timeout = Duration::from_secs(args.timeout.max(1));
+            return wait_ready(&args.endpoint, Duration::from_secs(secs), timeout).await;
+        }
         let channel = connect(&args.endpoint).await?;
         let clients = Clients::new(channel, Duration::from_secs(args.timeout.max(1)));
         run(&clients, &args.command).await
@@ -348,7 +358,7 @@ pub async fn main(args: ClientArgs) -> ExitCode {
 /// function.
 pub async fn run(c: &Clients, cmd: &ClientCommand) -> Result<Output, ClientError> {
     match cmd {
-        ClientCommand::Probe => cmd_probe(c).await,
+        ClientCommand::Probe { .. } => cmd_probe(c).await,
         ClientCommand::Info => info(c).await,
         ClientCommand::Capacity { pool, params } => cmd_capacity(c, pool.as_deref(), params).await,
         ClientCommand::Create {
@@ -660,6 +670,78 @@ mod tests {
             ..s
         };
         assert_eq!(snapshot_output(&s).json["creation_time"], Value::Null);
+    }
+
+    /// `probe --wait` sees a starting driver through: no socket yet, then
+    /// "not ready" while the pools open, then ready; and gives up with the
+    /// last reason when nothing answers.
+    #[tokio::test]
+    async fn probe_wait_returns_once_the_pools_are_open() {
+        use localvol::server::{build_driver, serve_opening, ServeOptions};
+        let dir = tempfile::tempdir().unwrap();
+        let endpoint = Endpoint::Unix(dir.path().join("csi.sock"));
+        let t = Duration::from_secs(5);
+        let e = wait_ready(&endpoint, Duration::from_millis(300), t)
+            .await
+            .err()
+            .unwrap();
+        assert!(
+            e.to_string()
+                .starts_with("not ready after 0 s: cannot connect"),
+            "{e}"
+        );
+
+        let opts = ServeOptions {
+            endpoint: endpoint.clone(),
+            node_id: "node-a".into(),
+            driver_name: "localvol.csi.dev".into(),
+            config: localvol::config::Config::embedded(&dir.path().join("pools")),
+            kubelet_dir: dir.path().join("kubelet"),
+            socket_group: None,
+            metrics_addr: None,
+            liveness_addr: None,
+            liveness_deadline: Duration::from_secs(60),
+            namespace: "localvol".into(),
+            kube_api: None,
+            pool_check_interval: Duration::from_secs(3600),
+            metrics_wait: Duration::from_secs(5),
+        };
+        let (go, opening) = tokio::sync::oneshot::channel::<()>();
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let waiter = {
+            let endpoint = endpoint.clone();
+            tokio::spawn(async move { wait_ready(&endpoint, Duration::from_secs(60), t).await })
+        };
+        let server = tokio::spawn(async move {
+            let open = async {
+                let _ = opening.await;
+                build_driver(&opts).await
+            };
+            serve_opening(&opts, open, async {
+                let _ = stopped.await;
+            })
+            .await
+        });
+        // The socket is up and answers "not ready": the waiter keeps waiting.
+        let c = Clients::new(connect_soon(&endpoint).await, t);
+        assert_eq!(cmd_probe(&c).await.unwrap().json, json!({"ready": false}));
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        assert!(!waiter.is_finished());
+        go.send(()).unwrap();
+        let out = waiter.await.unwrap().unwrap();
+        assert_eq!(out.json, json!({"ready": true}));
+        stop.send(()).unwrap();
+        server.await.unwrap().unwrap();
+    }
+
+    async fn connect_soon(endpoint: &Endpoint) -> Channel {
+        for _ in 0..500 {
+            if let Ok(c) = connect(endpoint).await {
+                return c;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        panic!("{endpoint} never accepted a connection");
     }
 
     #[test]
