@@ -46,10 +46,16 @@ TEST_LOGS := $(CURDIR)/target/test-logs
 # test-image's lifecycle is not run here: the e2e stories run the driver image made from the
 # same root (vm/image-root) through every one of its steps on a real node; image-programs
 # keeps its checks that the stories cannot see (every program the driver may run, thin_check).
+# A failed story's reasons are printed again last (e2e/run's digest): a CI log keeps its tail.
+E2E_FAILURES := $(or $(E2E_WORK),/var/tmp/localvol-e2e)/logs/failures.txt
 test: fmt-check clippy unit sanity upstream-sanity validate-deploy image-programs
-	.ci/beside "VM suites" $(TEST_LOGS)/vm-suites.log \
+	@rm -f $(E2E_FAILURES)
+	@rc=0; .ci/beside "VM suites" $(TEST_LOGS)/vm-suites.log \
 		"nice -n 10 $(MAKE) --no-print-directory test-vm VM_TEST_TIMEOUT=$(VM_TEST_TIMEOUT_BESIDE)" \
-		-- $(MAKE) --no-print-directory e2e
+		-- $(MAKE) --no-print-directory e2e || rc=$$?; \
+	if [ -s $(E2E_FAILURES) ]; then echo "===== e2e: why stories failed ($(E2E_FAILURES)) ====="; \
+		cat $(E2E_FAILURES); fi; \
+	exit $$rc
 
 # The image root's programs (vm/image-lifecycle's first checks, IMAGE_PROGRAMS_ONLY=1) in a
 # chroot on this host (its own mount namespace, for lvm's /proc and /sys), and the release
