@@ -328,13 +328,13 @@ pub struct Output {
 /// `localvol client`: runs the command and prints its result; the exit code
 /// is 0 on success and 1 on any error.
 pub async fn main(args: ClientArgs) -> ExitCode {
+    let timeout = Duration::from_secs(args.timeout.max(1));
     let res = async {
         if let ClientCommand::Probe { wait: Some(secs) } = args.command {
-            let timeout = Duration::from_secs(args.timeout.max(1));
             return wait_ready(&args.endpoint, Duration::from_secs(secs), timeout).await;
         }
         let channel = connect(&args.endpoint).await?;
-        let clients = Clients::new(channel, Duration::from_secs(args.timeout.max(1)));
+        let clients = Clients::new(channel, timeout);
         run(&clients, &args.command).await
     }
     .await;
