@@ -141,8 +141,8 @@ pub fn mapping_path(name: &str) -> PathBuf {
 /// Key-slot settings of `luksFormat`: argon2id with fixed cost (64 MiB,
 /// 4 passes) instead of cryptsetup's benchmark (which takes seconds and, by
 /// default, up to 1 GiB of memory: more than a driver pod's limit). Keys
-/// from Kubernetes Secrets should be random (README), which a slow KDF does
-/// not protect further.
+/// from Kubernetes Secrets should be random (docs/configuration.md,
+/// "Encryption at rest"), which a slow KDF does not protect further.
 const PBKDF_ARGS: [&str; 6] = [
     "--pbkdf",
     "argon2id",

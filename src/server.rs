@@ -76,7 +76,7 @@ pub struct ServeOptions {
 /// CPU limit); `localvol serve --workers/--blocking-threads/--malloc-arenas`
 /// (env `LOCALVOL_WORKERS`, `LOCALVOL_BLOCKING_THREADS`,
 /// `LOCALVOL_MALLOC_ARENAS`) set them. How the defaults were chosen:
-/// README, "Runtime sizing".
+/// docs/configuration.md, "Runtime sizing".
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct RuntimeSizing {
     pub workers: Option<usize>,
@@ -90,9 +90,9 @@ pub const CORES_PER_ARENA: usize = 4;
 /// (mounts, which the kernel serialises per mount namespace anyway, and
 /// fsyncs, which wait on the disk). Without a limit every concurrent request
 /// gets a thread of its own, each with its stack and heap. Measured on 16
-/// cores at 64 concurrent lifecycles (README, "Runtime sizing"): 32 threads
-/// ran as many lifecycles/s as 64 with 1.9 MiB less peak RSS; 16 threads
-/// ran a third fewer.
+/// cores at 64 concurrent lifecycles (docs/configuration.md, "Runtime
+/// sizing"): 32 threads ran as many lifecycles/s as 64 with 1.9 MiB less
+/// peak RSS; 16 threads ran a third fewer.
 pub const BLOCKING_PER_CORE: usize = 2;
 /// Blocking threads, at least by default, whatever the core count: a syscall
 /// on a hung device (a mount, an fsync) holds its thread until the device

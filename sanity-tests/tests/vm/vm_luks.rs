@@ -22,7 +22,8 @@ use sanity_tests::LvmKind as Kind;
 use sanity_tests::*;
 use tonic::{Code, Status};
 
-/// The node-stage secret field that holds the key (README).
+/// The node-stage secret field that holds the key (docs/configuration.md,
+/// "Encryption at rest").
 const KEY_FIELD: &str = "encryptionKey";
 const KEY: &str = "vm-test key: 5f0c2d8e9a7b4c13";
 const WRONG_KEY: &str = "not the key";

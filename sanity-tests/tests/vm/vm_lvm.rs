@@ -166,7 +166,8 @@ impl GroundTruth for Fx {
 /// A thin pool's offer from `lvs` figures of `tp` (its size and Data%) and
 /// its thin LVs: (what GetCapacity offers, what creates may still promise).
 /// Offered: the smaller of size × ratio − reserve − promised and
-/// size − size × Data% − reserve, each in whole extents (README "LVM volumes").
+/// size − size × Data% − reserve, each in whole extents (docs/configuration.md,
+/// "LVM volumes").
 fn thin_offer(vg: &LoopVg, ratio: f64, reserve: i64, extent: i64) -> (i64, i64) {
     let lvs = vg.lvs();
     let tp = lvs.iter().find(|l| l.name == "tp").expect("thin pool tp");

@@ -456,7 +456,8 @@ async fn restore_has_the_snapshots_data(
     rid
 }
 
-/// Deleting an origin that has snapshots (README): thick is refused with
+/// Deleting an origin that has snapshots (docs/configuration.md, "Snapshots
+/// and clones"): thick is refused with
 /// FAILED_PRECONDITION (a COW snapshot cannot outlive its origin); thin is
 /// deleted and its snapshot stays restorable. Either way the snapshot's LV
 /// stays.
