@@ -39,8 +39,8 @@ run: build
 # tools build in the background from the start (e2e-prebuild). Both the VM suites and the
 # stories run even when the other failed, so one run reports all failures.
 # Alone, not side by side: two TCG guests on two cores slow each other down far more than they
-# save (measured 2026-11-28: VM suites alone ~1,500 s and the stories alone ~2,000 s; side by
-# side 4,280-4,774 s and 3,500-4,000 s, the whole then 78-83 minutes against about 65).
+# save (VM suites alone 1,621 s, stories alone about 1,900 s; side by side 4,280-4,774 s and
+# 3,500-4,000 s; figures in docs/testing.md).
 TEST_LOGS := $(CURDIR)/target/test-logs
 # test-image's lifecycle is not run here: the e2e stories run the driver image made from the
 # same root (vm/image-root) through every one of its steps on a real node; image-programs
