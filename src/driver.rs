@@ -17,7 +17,7 @@ use crate::ids::{
     check_node_id, truncate, InvalidName, ParsedId, PoolName, StorageId, VolumeId, VolumeName,
 };
 use crate::locks::{Busy, VolumeGuard, VolumeLocks};
-use crate::pool::{Pool, PoolError, Pools, Unusable, Volume};
+use crate::pool::{Backend, Pool, PoolError, Pools, Unusable, Volume};
 
 /// What went wrong opening the driver, finding a volume or taking its lock.
 #[derive(Debug, thiserror::Error)]
@@ -240,7 +240,7 @@ impl Driver {
             return Ok(None);
         }
         let name = VolumeName::parse(raw)?;
-        for pool in self.pools.iter().filter(|p| p.backend() == "dir") {
+        for pool in self.pools.iter().filter(|p| p.backend() == Backend::Dir) {
             let id = VolumeId::new(pool.name().clone(), &name);
             let found = match pool.get(&id).await {
                 // A pool that did not start (its disk refused) holds no
@@ -265,7 +265,7 @@ impl Driver {
     /// one is left to the next sweep. Returns the ids removed.
     pub async fn sweep_ephemeral(&self) -> Vec<String> {
         let mut removed = Vec::new();
-        for pool in self.pools.iter().filter(|p| p.backend() == "dir") {
+        for pool in self.pools.iter().filter(|p| p.backend() == Backend::Dir) {
             let vols = match pool.list().await {
                 Ok(v) => v,
                 Err(e) => {

@@ -11,8 +11,8 @@ use crate::fsutil::RequestPath;
 use crate::ids::{VolumeId, VolumeName};
 use crate::nodeops;
 use crate::pool::{
-    AccessType, CapacityRange, CreateRequest, Pool, PoolError, Source, Volume, EPHEMERAL_KEY,
-    EPHEMERAL_TARGET_KEY,
+    AccessType, Backend, CapacityRange, CreateRequest, Pool, PoolError, Source, Volume,
+    EPHEMERAL_KEY, EPHEMERAL_TARGET_KEY,
 };
 
 /// A decoded NodePublishVolumeRequest of an ephemeral inline volume.
@@ -48,7 +48,7 @@ pub async fn publish_ephemeral(d: &Driver, req: NewEphemeral) -> Result<()> {
         .clone()
         .unwrap_or_else(|| d.pools.default_pool().clone());
     let pool = d.pools.require(&pool_name)?.clone();
-    if pool.backend() != "dir" {
+    if pool.backend() != Backend::Dir {
         return unfit(format!(
             "ephemeral volumes come from dir pools; pool {pool_name} is {}",
             pool.backend()
