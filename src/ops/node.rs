@@ -11,6 +11,7 @@ use crate::driver::{Driver, Kind};
 use crate::error::blocking;
 use crate::fsutil::{PathPlace, RequestPath};
 use crate::ids::{truncate, StorageId};
+use crate::locks::VolumeGuard;
 use crate::nodeops::pipeline;
 use crate::nodeops::{self, NodeError};
 use crate::pool::{AccessType, CapacityRange, Source, Volume};
@@ -101,10 +102,8 @@ pub struct Unstage {
 /// loses nothing), so that its pods can go.
 pub async fn unstage(d: &Driver, req: Unstage) -> Result<()> {
     let (raw, staging) = (req.volume_id.as_str(), req.staging);
-    // kubelet stops asking about its condition: the gauge would go stale.
-    crate::metrics::forget_volume_condition(raw);
-    let _guard = lock(d, Kind::Volume, "volume_id", raw)?;
-    if by_device(d, raw, &staging, nodeops::unstage_device, true).await? {
+    let (_guard, done) = release(d, raw, &staging, nodeops::unstage_device, true).await?;
+    if done {
         return Ok(());
     }
     let src = match d.require("volume_id", raw).await {
@@ -123,6 +122,23 @@ pub async fn unstage(d: &Driver, req: Unstage) -> Result<()> {
         Ok(nodeops::unstage(&scope, &staging, src.flatten().as_ref())?)
     })
     .await
+}
+
+/// How unstage and unpublish begin: kubelet stops asking about the
+/// volume's condition (its gauge would go stale; another pod's mount
+/// answers again at its next stats), the volume's lock is taken, then `op`
+/// by the device alone ([`by_device`]). `true`: that was all.
+async fn release(
+    d: &Driver,
+    raw: &str,
+    path: &RequestPath,
+    op: fn(&Path, &Path, &Path) -> Result<bool, NodeError>,
+    close: bool,
+) -> Result<(VolumeGuard, bool)> {
+    crate::metrics::forget_volume_condition(raw);
+    let guard = lock(d, Kind::Volume, "volume_id", raw)?;
+    let done = by_device(d, raw, path, op, close).await?;
+    Ok((guard, done))
 }
 
 /// Unstage or unpublish (`op`) by the volume's device alone, when its pool
@@ -238,11 +254,8 @@ pub struct Unpublish {
 /// a volume that is gone, only an empty target.
 pub async fn unpublish(d: &Driver, req: Unpublish) -> Result<()> {
     let (raw, target) = (req.volume_id.as_str(), req.target);
-    // kubelet stops asking about its condition: the gauge would go stale
-    // (another pod's mount answers again at its next stats).
-    crate::metrics::forget_volume_condition(raw);
-    let _guard = lock(d, Kind::Volume, "volume_id", raw)?;
-    if by_device(d, raw, &target, nodeops::unpublish_device, false).await? {
+    let (_guard, done) = release(d, raw, &target, nodeops::unpublish_device, false).await?;
+    if done {
         return Ok(());
     }
     if let Some(found) = d.find_ephemeral(raw).await? {

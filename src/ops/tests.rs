@@ -15,6 +15,14 @@ use crate::pool::CapacityRange;
 
 const MI: u64 = 1 << 20;
 
+/// Asserts that `e` matches `pattern`, printing it when it does not.
+macro_rules! assert_is {
+    ($e:expr, $pattern:pat) => {{
+        let e = &$e;
+        assert!(matches!(e, $pattern), "{e:?}");
+    }};
+}
+
 /// A driver on node n0 with one dir pool ("default") below `dir`, kubelet's
 /// directory at `dir/kubelet`.
 async fn driver(dir: &Path) -> Arc<Driver> {
@@ -25,6 +33,13 @@ async fn driver(dir: &Path) -> Arc<Driver> {
         kubelet_dir: dir.join("kubelet"),
     };
     Driver::open(&who, &Config::embedded(dir)).await.unwrap()
+}
+
+/// A temp dir and [`driver`] in it.
+async fn setup() -> (tempfile::TempDir, Arc<Driver>) {
+    let dir = tempfile::tempdir().unwrap();
+    let d = driver(dir.path()).await;
+    (dir, d)
 }
 
 fn cap(access_type: AccessType) -> Capability {
@@ -81,8 +96,7 @@ fn unfit_says(e: &OpError, part: &str) {
 
 #[tokio::test]
 async fn create_volume_is_idempotent_and_checks_the_pool_first() {
-    let dir = tempfile::tempdir().unwrap();
-    let d = driver(dir.path()).await;
+    let (_dir, d) = setup().await;
     let a = create_volume(&d, new_volume("pvc-a", 8 * MI))
         .await
         .unwrap();
@@ -95,10 +109,7 @@ async fn create_volume_is_idempotent_and_checks_the_pool_first() {
     let e = create_volume(&d, new_volume("pvc-a", 64 * MI))
         .await
         .unwrap_err();
-    assert!(
-        matches!(e, OpError::Pool(PoolError::Mismatch { .. })),
-        "{e:?}"
-    );
+    assert_is!(e, OpError::Pool(PoolError::Mismatch { .. }));
     // What a dir pool cannot do is refused before anything is made.
     let mut limits = new_volume("pvc-b", MI);
     limits.io_limits = IoChange::parse(&[("readIOPS".to_owned(), "5".to_owned())].into())
@@ -125,15 +136,11 @@ async fn create_volume_is_idempotent_and_checks_the_pool_first() {
 
 #[tokio::test]
 async fn create_volume_answers_only_for_this_node() {
-    let dir = tempfile::tempdir().unwrap();
-    let d = driver(dir.path()).await;
+    let (_dir, d) = setup().await;
     let mut elsewhere = new_volume("pvc-t", MI);
     elsewhere.topology = vec![Some("n1".into()), None];
     let e = create_volume(&d, elsewhere).await.unwrap_err();
-    assert!(
-        matches!(e, OpError::Refused(Refusal::NotInTopology { .. })),
-        "{e:?}"
-    );
+    assert_is!(e, OpError::Refused(Refusal::NotInTopology { .. }));
     let mut here = new_volume("pvc-t", MI);
     here.topology = vec![Some("n1".into()), Some("n0".into())];
     create_volume(&d, here).await.unwrap();
@@ -141,12 +148,11 @@ async fn create_volume_answers_only_for_this_node() {
 
 #[tokio::test]
 async fn snapshots_are_refused_where_no_pool_takes_them() {
-    let dir = tempfile::tempdir().unwrap();
-    let d = driver(dir.path()).await;
+    let (_dir, d) = setup().await;
     let id = made(&d, "pvc-s").await;
     assert!(!offers_snapshots(&d));
     let e = snapshots_offered(&d).unwrap_err();
-    assert!(matches!(e, OpError::Refused(Refusal::NoSnapshots)), "{e:?}");
+    assert_is!(e, OpError::Refused(Refusal::NoSnapshots));
     let snap = |source: ParsedId| NewSnapshot {
         name: VolumeName::parse("snap-1").unwrap(),
         source,
@@ -157,10 +163,7 @@ async fn snapshots_are_refused_where_no_pool_takes_them() {
     let e = create_snapshot(&d, snap(parsed("not-ours")))
         .await
         .unwrap_err();
-    assert!(
-        matches!(e, OpError::Refused(Refusal::Missing { .. })),
-        "{e:?}"
-    );
+    assert_is!(e, OpError::Refused(Refusal::Missing { .. }));
     // Nothing to list, nothing to delete.
     let all = list_snapshots(&d, SnapshotFilter::default(), page_of("", 0))
         .await
@@ -173,8 +176,7 @@ async fn snapshots_are_refused_where_no_pool_takes_them() {
 
 #[tokio::test]
 async fn delete_volume_is_idempotent() {
-    let dir = tempfile::tempdir().unwrap();
-    let d = driver(dir.path()).await;
+    let (_dir, d) = setup().await;
     let id = made(&d, "pvc-d").await;
     delete_volume(&d, parsed(&id)).await.unwrap();
     delete_volume(&d, parsed(&id)).await.unwrap();
@@ -194,8 +196,7 @@ async fn delete_volume_is_idempotent() {
 
 #[tokio::test]
 async fn validate_confirms_only_what_the_volume_is() {
-    let dir = tempfile::tempdir().unwrap();
-    let d = driver(dir.path()).await;
+    let (_dir, d) = setup().await;
     let id = made(&d, "pvc-v").await;
     let ok = validate(&d, &id, vec![Ok(cap(AccessType::Mount))], None);
     assert_eq!(ok.await.unwrap(), None);
@@ -212,10 +213,7 @@ async fn validate_confirms_only_what_the_volume_is() {
     let e = validate(&d, "default.0123456789abcdef0123456789abcdef", vec![], None)
         .await
         .unwrap_err();
-    assert!(
-        matches!(e, OpError::Driver(DriverError::VolumeNotFound { .. })),
-        "{e:?}"
-    );
+    assert_is!(e, OpError::Driver(DriverError::VolumeNotFound { .. }));
 }
 
 fn page_of(token: &str, max: usize) -> ListPage {
@@ -227,8 +225,7 @@ fn page_of(token: &str, max: usize) -> ListPage {
 
 #[tokio::test]
 async fn list_volumes_pages_through_every_volume_once() {
-    let dir = tempfile::tempdir().unwrap();
-    let d = driver(dir.path()).await;
+    let (_dir, d) = setup().await;
     for i in 0..5 {
         made(&d, &format!("pvc-{i}")).await;
     }
@@ -250,16 +247,12 @@ async fn list_volumes_pages_through_every_volume_once() {
     let e = list_volumes(&d, page_of("default.nothing", 2))
         .await
         .unwrap_err();
-    assert!(
-        matches!(e, OpError::Refused(Refusal::BadToken { .. })),
-        "{e:?}"
-    );
+    assert_is!(e, OpError::Refused(Refusal::BadToken { .. }));
 }
 
 #[tokio::test]
 async fn capacity_is_nothing_where_this_node_cannot_serve() {
-    let dir = tempfile::tempdir().unwrap();
-    let d = driver(dir.path()).await;
+    let (_dir, d) = setup().await;
     let q = |access: AccessType, node: Option<Option<String>>| CapacityQuery {
         pool: None,
         access: vec![access],
@@ -279,16 +272,12 @@ async fn capacity_is_nothing_where_this_node_cannot_serve() {
     let mut unknown = q(AccessType::Mount, None);
     unknown.pool = Some(PoolName::parse("nope").unwrap());
     let e = capacity(&d, unknown).await.unwrap_err();
-    assert!(
-        matches!(e, OpError::Pool(PoolError::UnknownPool { .. })),
-        "{e:?}"
-    );
+    assert_is!(e, OpError::Pool(PoolError::UnknownPool { .. }));
 }
 
 #[tokio::test]
 async fn controller_expand_and_modify_of_a_dir_volume() {
-    let dir = tempfile::tempdir().unwrap();
-    let d = driver(dir.path()).await;
+    let (_dir, d) = setup().await;
     let id = made(&d, "pvc-e").await;
     let cluster = Cluster::default();
     let range = CapacityRange {
@@ -304,10 +293,7 @@ async fn controller_expand_and_modify_of_a_dir_volume() {
     let e = expand_volume(&d, &cluster, expand("not-ours"))
         .await
         .unwrap_err();
-    assert!(
-        matches!(e, OpError::Refused(Refusal::NotOurs { .. })),
-        "{e:?}"
-    );
+    assert_is!(e, OpError::Refused(Refusal::NotOurs { .. }));
     let change = |k: &str, v: &str| IoChange::parse(&[(k.to_owned(), v.to_owned())].into());
     let modify = |volume_id: &str, change| Modify {
         volume_id: volume_id.into(),
@@ -334,10 +320,7 @@ async fn controller_expand_and_modify_of_a_dir_volume() {
     )
     .await
     .unwrap_err();
-    assert!(
-        matches!(e, OpError::Refused(Refusal::Missing { .. })),
-        "{e:?}"
-    );
+    assert_is!(e, OpError::Refused(Refusal::Missing { .. }));
 }
 
 /// Every operation that changes a volume takes its lock before it looks the
@@ -345,8 +328,7 @@ async fn controller_expand_and_modify_of_a_dir_volume() {
 /// volume exists or not.
 #[tokio::test]
 async fn every_change_to_a_busy_volume_is_refused_before_the_lookup() {
-    let dir = tempfile::tempdir().unwrap();
-    let d = driver(dir.path()).await;
+    let (dir, d) = setup().await;
     let id = made(&d, "pvc-busy").await;
     let absent = VolumeId::new(
         PoolName::parse("default").unwrap(),
@@ -389,28 +371,8 @@ async fn every_change_to_a_busy_volume_is_refused_before_the_lookup() {
         );
         busy(stage(&d, stage_req(dir.path(), raw)).await);
         busy(publish(&d, publish_req(dir.path(), raw)).await);
-        let target = path(dir.path(), TARGET);
-        busy(
-            unpublish(
-                &d,
-                Unpublish {
-                    volume_id: vol(),
-                    target,
-                },
-            )
-            .await,
-        );
-        let staging = path(dir.path(), STAGING);
-        busy(
-            unstage(
-                &d,
-                Unstage {
-                    volume_id: vol(),
-                    staging,
-                },
-            )
-            .await,
-        );
+        busy(unpublish(&d, unpublish_req(dir.path(), raw)).await);
+        busy(unstage(&d, unstage_req(dir.path(), raw)).await);
         let place = RequestPath::place("volume_path", &dir.path().join("kubelet"), TARGET);
         let expand = NodeExpand {
             volume_id: vol(),
@@ -428,7 +390,7 @@ async fn every_change_to_a_busy_volume_is_refused_before_the_lookup() {
     // And an ephemeral volume's, its handle's.
     let _held = lock(&d, Kind::Volume, "volume_id", "csi-eph").unwrap();
     let e = publish_ephemeral(&d, ephemeral_req(dir.path(), "csi-eph")).await;
-    assert!(matches!(e, Err(OpError::Busy(_))), "{e:?}");
+    assert_is!(e, Err(OpError::Busy(_)));
 }
 
 fn stage_req(dir: &Path, id: &str) -> Stage {
@@ -454,6 +416,20 @@ fn publish_req(dir: &Path, id: &str) -> Publish {
     }
 }
 
+fn unpublish_req(dir: &Path, id: &str) -> Unpublish {
+    Unpublish {
+        volume_id: id.into(),
+        target: path(dir, TARGET),
+    }
+}
+
+fn unstage_req(dir: &Path, id: &str) -> Unstage {
+    Unstage {
+        volume_id: id.into(),
+        staging: path(dir, STAGING),
+    }
+}
+
 fn ephemeral_req(dir: &Path, name: &str) -> NewEphemeral {
     NewEphemeral {
         name: VolumeName::parse(name).unwrap(),
@@ -466,8 +442,7 @@ fn ephemeral_req(dir: &Path, name: &str) -> NewEphemeral {
 
 #[tokio::test]
 async fn node_calls_refuse_what_does_not_fit_the_volume() {
-    let dir = tempfile::tempdir().unwrap();
-    let d = driver(dir.path()).await;
+    let (dir, d) = setup().await;
     let id = made(&d, "pvc-n").await;
     let mut block = stage_req(dir.path(), &id);
     block.cap = cap(AccessType::Block);
@@ -479,37 +454,23 @@ async fn node_calls_refuse_what_does_not_fit_the_volume() {
     let mut other = stage_req(dir.path(), &id);
     other.storage = Some(crate::ids::StorageId::parse("dir:elsewhere").unwrap());
     let e = stage(&d, other).await.unwrap_err();
-    assert!(
-        matches!(e, OpError::Driver(DriverError::OtherStorage { .. })),
-        "{e:?}"
-    );
+    assert_is!(e, OpError::Driver(DriverError::OtherStorage { .. }));
     let absent = "default.0123456789abcdef0123456789abcdef";
     for e in [
         stage(&d, stage_req(dir.path(), absent)).await.unwrap_err(),
         publish(&d, publish_req(dir.path(), absent))
             .await
             .unwrap_err(),
-        unstage(
-            &d,
-            Unstage {
-                volume_id: absent.into(),
-                staging: path(dir.path(), STAGING),
-            },
-        )
-        .await
-        .unwrap_err(),
+        unstage(&d, unstage_req(dir.path(), absent))
+            .await
+            .unwrap_err(),
     ] {
-        assert!(
-            matches!(e, OpError::Driver(DriverError::VolumeNotFound { .. })),
-            "{e:?}"
-        );
+        assert_is!(e, OpError::Driver(DriverError::VolumeNotFound { .. }));
     }
     // A volume that is gone leaves nothing to unmount: an empty target
     // is removed, and that is done.
-    let target = path(dir.path(), TARGET);
     std::fs::create_dir_all(dir.path().join("kubelet").join(TARGET)).unwrap();
-    let volume_id = absent.into();
-    unpublish(&d, Unpublish { volume_id, target })
+    unpublish(&d, unpublish_req(dir.path(), absent))
         .await
         .unwrap();
     assert!(!dir.path().join("kubelet").join(TARGET).exists());
@@ -517,14 +478,13 @@ async fn node_calls_refuse_what_does_not_fit_the_volume() {
 
 #[tokio::test]
 async fn stats_and_node_expand_need_the_volume_where_the_path_says() {
-    let dir = tempfile::tempdir().unwrap();
-    let d = driver(dir.path()).await;
+    let (dir, d) = setup().await;
     let id = made(&d, "pvc-p").await;
     let root = dir.path().join("kubelet");
     let elsewhere = RequestPath::place("volume_path", &root, "/not/kubelet").unwrap();
     assert!(matches!(elsewhere, PathPlace::Elsewhere(_)));
     let e = stats(&d, &id, elsewhere).await.unwrap_err();
-    assert!(matches!(e, OpError::Step(_)), "{e:?}");
+    assert_is!(e, OpError::Step(_));
     let nothing = RequestPath::place("volume_path", &root, root.join(TARGET).to_str().unwrap());
     let expand = NodeExpand {
         volume_id: id.clone(),
@@ -534,7 +494,7 @@ async fn stats_and_node_expand_need_the_volume_where_the_path_says() {
         cap: Some(cap(AccessType::Mount)),
     };
     let e = expand_on_node(&d, expand).await.unwrap_err();
-    assert!(matches!(e, OpError::Step(_)), "{e:?}");
+    assert_is!(e, OpError::Step(_));
 }
 
 fn is_root() -> bool {
@@ -554,8 +514,7 @@ async fn a_dir_volume_goes_through_every_node_call() {
         crate::testing::skip("a dir volume's node calls", "bind mounts need root");
         return;
     }
-    let dir = tempfile::tempdir().unwrap();
-    let d = driver(dir.path()).await;
+    let (dir, d) = setup().await;
     let id = made(&d, "pvc-life").await;
     let root: PathBuf = dir.path().join("kubelet");
     std::fs::create_dir_all(root.join(STAGING)).unwrap();
@@ -581,29 +540,11 @@ async fn a_dir_volume_goes_through_every_node_call() {
     };
     assert!(expand_on_node(&d, expand).await.unwrap() >= 16 * MI);
     for _ in 0..2 {
-        let target = path(dir.path(), TARGET);
-        unpublish(
-            &d,
-            Unpublish {
-                volume_id: id.clone(),
-                target,
-            },
-        )
-        .await
-        .unwrap();
+        unpublish(&d, unpublish_req(dir.path(), &id)).await.unwrap();
     }
     assert!(!mounted(&root.join(TARGET)));
     for _ in 0..2 {
-        let staging = path(dir.path(), STAGING);
-        unstage(
-            &d,
-            Unstage {
-                volume_id: id.clone(),
-                staging,
-            },
-        )
-        .await
-        .unwrap();
+        unstage(&d, unstage_req(dir.path(), &id)).await.unwrap();
     }
     assert!(!mounted(&root.join(STAGING)));
     delete_volume(&d, parsed(&id)).await.unwrap();
@@ -615,8 +556,7 @@ async fn an_ephemeral_volume_lives_as_long_as_its_target() {
         crate::testing::skip("an ephemeral volume's node calls", "bind mounts need root");
         return;
     }
-    let dir = tempfile::tempdir().unwrap();
-    let d = driver(dir.path()).await;
+    let (dir, d) = setup().await;
     let target = dir.path().join("kubelet").join(TARGET);
     publish_ephemeral(&d, ephemeral_req(dir.path(), "csi-abc"))
         .await
@@ -627,10 +567,7 @@ async fn an_ephemeral_volume_lives_as_long_as_its_target() {
     assert!(mounted(&target));
     let listed = list_volumes(&d, page_of("", 0)).await.unwrap();
     assert_eq!(listed.entries.len(), 1);
-    let unpub = || Unpublish {
-        volume_id: "csi-abc".into(),
-        target: path(dir.path(), TARGET),
-    };
+    let unpub = || unpublish_req(dir.path(), "csi-abc");
     unpublish(&d, unpub()).await.unwrap();
     assert!(!mounted(&target));
     assert!(list_volumes(&d, page_of("", 0))
