@@ -312,18 +312,19 @@ fn only_lvm_runs_lvm() {
 }
 
 #[test]
-fn only_blockdev_raw_runs_wipefs_and_dd() {
+fn only_blockdev_raw_runs_the_programs_that_write_blocks() {
     // The programs that write a device's blocks directly are built (and a
     // leftover copy recognised) in one file.
+    let programs = ["wipefs", "dd", "blkdiscard", "shred"].map(|p| format!("Cmd::new(\"{p}\")"));
     let found: Vec<_> = sources()
         .into_iter()
         .filter(|s| s.path != "blockdev/raw.rs")
-        .filter(|s| s.code.contains("Cmd::new(\"wipefs\")") || s.code.contains("Cmd::new(\"dd\")"))
+        .filter(|s| programs.iter().any(|p| s.code.contains(p.as_str())))
         .map(|s| s.path)
         .collect();
     assert!(
         found.is_empty(),
-        "wipefs or dd run outside blockdev/raw.rs: {found:?}"
+        "wipefs, dd, blkdiscard or shred run outside blockdev/raw.rs: {found:?}"
     );
 }
 

@@ -233,8 +233,8 @@ pub fn decode_storage_id(ctx: &HashMap<String, String>) -> Result<Option<Storage
         .transpose()
 }
 
-/// Converts a CSI byte count (int64) to u64; negative is INVALID_ARGUMENT.
-/// A request's capacity range (absent: no constraint).
+/// A request's capacity range (absent: no constraint); a negative byte
+/// count, or required above the limit, is INVALID_ARGUMENT.
 pub fn decode_range(r: Option<&csi::CapacityRange>) -> Result<crate::pool::CapacityRange> {
     let Some(r) = r else {
         return Ok(crate::pool::CapacityRange::default());
@@ -252,6 +252,7 @@ pub fn decode_range(r: Option<&csi::CapacityRange>) -> Result<crate::pool::Capac
     Ok(range)
 }
 
+/// Converts a CSI byte count (int64) to u64; negative is INVALID_ARGUMENT.
 pub fn bytes(what: &str, v: i64) -> Result<u64> {
     u64::try_from(v)
         .map_err(|_| Status::invalid_argument(format!("{what} must not be negative (got {v})")))
