@@ -2,8 +2,8 @@
 //! and the statically discovered volumes, and the rules that span pools: a
 //! name is one volume or snapshot whatever the pool, the pool a new volume
 //! goes to, a volume's storage identity, and the lock pair of something made
-//! from a source. It sits below the CSI services (which decode requests, call
-//! down and answer) and is also used by metrics, static discovery and orphan
+//! from a source. It sits below the operations layer (`ops`, one function
+//! per RPC) and is also used by metrics, static discovery and orphan
 //! reports; it knows nothing of gRPC.
 
 use std::path::{Path, PathBuf};
@@ -17,7 +17,7 @@ use crate::ids::{
     check_node_id, truncate, InvalidName, ParsedId, PoolName, StorageId, VolumeId, VolumeName,
 };
 use crate::locks::{Busy, VolumeGuard, VolumeLocks};
-use crate::pool::{Pool, PoolError, Pools, Unusable, Volume};
+use crate::pool::{Backend, Pool, PoolError, Pools, Unusable, Volume};
 
 /// What went wrong opening the driver, finding a volume or taking its lock.
 #[derive(Debug, thiserror::Error)]
@@ -240,7 +240,7 @@ impl Driver {
             return Ok(None);
         }
         let name = VolumeName::parse(raw)?;
-        for pool in self.pools.iter().filter(|p| p.backend() == "dir") {
+        for pool in self.pools.iter().filter(|p| p.backend() == Backend::Dir) {
             let id = VolumeId::new(pool.name().clone(), &name);
             let found = match pool.get(&id).await {
                 // A pool that did not start (its disk refused) holds no
@@ -265,7 +265,7 @@ impl Driver {
     /// one is left to the next sweep. Returns the ids removed.
     pub async fn sweep_ephemeral(&self) -> Vec<String> {
         let mut removed = Vec::new();
-        for pool in self.pools.iter().filter(|p| p.backend() == "dir") {
+        for pool in self.pools.iter().filter(|p| p.backend() == Backend::Dir) {
             let vols = match pool.list().await {
                 Ok(v) => v,
                 Err(e) => {
@@ -307,6 +307,23 @@ impl Driver {
             }
         }
         removed
+    }
+
+    /// The lock key of the volume a request's id names, from the id alone
+    /// (no lookup): a static volume's entry key (as static discovery's
+    /// cleanup locks it), else the name's hash (`VolumeName::key`) that a
+    /// `<pool>.<key>` id carries and an ephemeral volume's handle gives.
+    pub fn lock_key(&self, what: &str, raw: &str) -> Result<String, InvalidName> {
+        let parsed = VolumeId::parse(what, raw)?;
+        if self.statics.is_some() {
+            if let Some(h) = crate::discovery::StaticHandle::parse(raw) {
+                return Ok(h.entry_key);
+            }
+        }
+        Ok(match parsed {
+            ParsedId::Volume(id) => id.key.as_str().to_owned(),
+            ParsedId::Foreign(raw) => VolumeName::parse(&raw)?.key().as_str().to_owned(),
+        })
     }
 
     /// Takes the volume's operation lock (ABORTED while another operation on
@@ -445,12 +462,6 @@ impl Driver {
             }),
             _ => Ok(()),
         }
-    }
-
-    /// Like [`Driver::lock_volume`], for a snapshot.
-    pub fn lock_snapshot(&self, id: &VolumeId) -> Result<VolumeGuard, Busy> {
-        self.locks
-            .try_lock(id.key.as_str(), &format!("snapshot {id}"))
     }
 
     /// For unstage and unpublish: the id, device and (pools that encrypt)

@@ -26,6 +26,7 @@ pub mod metrics;
 mod monitor;
 pub mod mount;
 mod nodeops;
+mod ops;
 mod orphans;
 mod pool;
 pub mod quota;

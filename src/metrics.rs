@@ -457,7 +457,7 @@ async fn refresh_pools(pools: &Pools) {
     for pool in pools.iter() {
         let labels = PoolLabels {
             pool: pool.name().to_string(),
-            backend: pool.backend(),
+            backend: pool.backend().as_str(),
         };
         let ready = pool.health().await.is_ready();
         m.pool_ready.get_or_create(&labels).set(i64::from(ready));

@@ -208,6 +208,82 @@ fn grpc_stays_in_the_services_and_the_clients() {
 }
 
 #[test]
+fn the_services_take_no_lock_call_no_pool_and_write_no_cgroup() {
+    // `service/` decodes requests and encodes answers; the operations layer
+    // (`ops/`) takes the volume's lock, looks it up, calls the pool or the
+    // node pipeline and writes `io.max`. status.rs maps every layer's error
+    // (`locks::Busy`, `nodeops::NodeError`, ...), so it may name them.
+    let calls = [
+        "lock_",
+        "try_lock",
+        ".locks",
+        ".pools",
+        "pool.",
+        "dyn Pool",
+        ".snapshots()",
+        ".require(",
+        ".find(",
+        "find_ephemeral",
+        "device_of",
+        "check_storage",
+        "require_usable",
+        "enforce_io_limits",
+        "cgroup_paths",
+        "cgroup_root",
+        "iolimit::enforce",
+    ];
+    let layers = ["locks::", "nodeops::", "pool::Pool"];
+    let found: Vec<_> = sources()
+        .into_iter()
+        .filter(|s| s.module == "service")
+        .filter(|s| {
+            calls.iter().any(|n| s.code.contains(n))
+                || (!s.path.ends_with("status.rs") && layers.iter().any(|n| s.code.contains(n)))
+        })
+        .map(|s| s.path)
+        .collect();
+    assert!(
+        found.is_empty(),
+        "locks, pool calls, the node pipeline or cgroup writes in service/ (they belong in ops/): {found:?}"
+    );
+}
+
+#[test]
+fn the_operations_layer_sees_no_grpc_and_locks_in_one_place() {
+    // ops/ takes decoded values and returns domain values and `OpError`;
+    // its one lock function (`ops/mod.rs`) is the only place an RPC locks.
+    let ops: Vec<_> = sources()
+        .into_iter()
+        .filter(|s| s.module == "ops")
+        .collect();
+    assert!(!ops.is_empty(), "no src/ops/");
+    let grpc: Vec<_> = ops
+        .iter()
+        .filter(|s| {
+            ["tonic", "crate::csi", "csi::", "prost"]
+                .iter()
+                .any(|n| s.code.contains(n))
+        })
+        .map(|s| s.path.clone())
+        .collect();
+    assert!(grpc.is_empty(), "gRPC or proto types in ops/: {grpc:?}");
+    let locks: Vec<_> = ops
+        .iter()
+        .filter(|s| s.path != "ops/mod.rs")
+        .filter(|s| {
+            ["try_lock", "lock_volume", "lock_with_source", ".locks"]
+                .iter()
+                .any(|n| s.code.contains(n))
+        })
+        .map(|s| s.path.clone())
+        .collect();
+    assert!(
+        locks.is_empty(),
+        "locks taken outside ops/mod.rs's `lock`/`lock_new`: {locks:?}"
+    );
+}
+
+#[test]
 fn only_command_rs_spawns_processes() {
     let found = offenders(
         &["Command::new", "process::Command", "tokio::process"],
@@ -236,18 +312,19 @@ fn only_lvm_runs_lvm() {
 }
 
 #[test]
-fn only_blockdev_raw_runs_wipefs_and_dd() {
+fn only_blockdev_raw_runs_the_programs_that_write_blocks() {
     // The programs that write a device's blocks directly are built (and a
     // leftover copy recognised) in one file.
+    let programs = ["wipefs", "dd", "blkdiscard", "shred"].map(|p| format!("Cmd::new(\"{p}\")"));
     let found: Vec<_> = sources()
         .into_iter()
         .filter(|s| s.path != "blockdev/raw.rs")
-        .filter(|s| s.code.contains("Cmd::new(\"wipefs\")") || s.code.contains("Cmd::new(\"dd\")"))
+        .filter(|s| programs.iter().any(|p| s.code.contains(p.as_str())))
         .map(|s| s.path)
         .collect();
     assert!(
         found.is_empty(),
-        "wipefs or dd run outside blockdev/raw.rs: {found:?}"
+        "wipefs, dd, blkdiscard or shred run outside blockdev/raw.rs: {found:?}"
     );
 }
 

@@ -1,7 +1,8 @@
-//! The one place `wipefs` and `dd` are run: the programs that write a
-//! device's blocks directly (signatures erased, zeroes, a block copy), for
-//! the LVM pools (a cut-short create finished, restores and clones) and
-//! static discovery's cleanup. Each command's arguments and timeout are
+//! The one place `wipefs`, `dd`, `blkdiscard` and `shred` are run: the
+//! programs that write a device's blocks directly (signatures erased,
+//! zeroes, a block copy, discarded or overwritten blocks), for the LVM
+//! pools (a cut-short create finished, restores and clones) and static
+//! discovery's cleanup. Each command's arguments and timeout are
 //! built here and nowhere else, and [`copy_running`] recognises a copy of
 //! [`copy`]'s by the same arguments.
 
@@ -64,6 +65,29 @@ fn zero_command(dev: &Path, bytes: u64, timeout: Duration) -> Cmd {
             "status=none".into(),
         ])
         .timeout(timeout)
+}
+
+/// Discards every block of `dev` (static discovery's `blkdiscard` cleanup),
+/// within `timeout`.
+pub async fn discard(dev: &Path, timeout: Duration) -> Result<(), CommandError> {
+    Cmd::new("blkdiscard")
+        .arg(dev.as_os_str())
+        .timeout(timeout)
+        .run()
+        .await
+        .map(drop)
+}
+
+/// Overwrites `dev` once with random data, then with zeroes (static
+/// discovery's `shred` cleanup), within `timeout`.
+pub async fn shred(dev: &Path, timeout: Duration) -> Result<(), CommandError> {
+    Cmd::new("shred")
+        .args(["--iterations=1", "--zero", "--"])
+        .arg(dev.as_os_str())
+        .timeout(timeout)
+        .run()
+        .await
+        .map(drop)
 }
 
 /// Copies the first `bytes` of `from` onto `to`, written through; a whole

@@ -2,7 +2,8 @@
 //!
 //! - `delete-contents`: [`fsutil::clear_dir`] on the mount point: never follows a
 //!   symlink, never crosses into another filesystem, keeps the mount point.
-//! - `blkdiscard`, `zero` (`dd` from `/dev/zero`), `shred`: on the device.
+//! - `blkdiscard`, `zero` (`dd` from `/dev/zero`), `shred`: on the device, run
+//!   by `blockdev/raw.rs`.
 //! - `command`: the configured program with the path as its last argument
 //!   (no shell).
 //!
@@ -249,11 +250,7 @@ async fn run_method(
             blocking(move || Ok(fsutil::clear_dir(&target)?)).await
         }
         (CleanupMethod::Blkdiscard, EntryKind::Device { .. }) => {
-            Cmd::new("blkdiscard")
-                .arg(target.as_os_str())
-                .timeout(WIPE_TIMEOUT)
-                .run()
-                .await?;
+            crate::blockdev::raw::discard(&target, WIPE_TIMEOUT).await?;
             Ok(())
         }
         (CleanupMethod::Zero, EntryKind::Device { .. }) => {
@@ -262,12 +259,7 @@ async fn run_method(
             Ok(())
         }
         (CleanupMethod::Shred, EntryKind::Device { .. }) => {
-            Cmd::new("shred")
-                .args(["--iterations=1", "--zero", "--"])
-                .arg(target.as_os_str())
-                .timeout(WIPE_TIMEOUT)
-                .run()
-                .await?;
+            crate::blockdev::raw::shred(&target, WIPE_TIMEOUT).await?;
             Ok(())
         }
         (CleanupMethod::Command, _) => {

@@ -128,8 +128,8 @@ impl Pool for StaticPool {
     fn name(&self) -> &PoolName {
         &self.name
     }
-    fn backend(&self) -> &'static str {
-        "static"
+    fn backend(&self) -> crate::pool::Backend {
+        crate::pool::Backend::Static
     }
     fn storage_id(&self) -> Option<&crate::ids::StorageId> {
         None

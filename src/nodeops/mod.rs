@@ -1,6 +1,8 @@
 //! Node-side mount logic: stage, publish and their inverses, decided from the
-//! live mount table so every step is idempotent. No proto types here; all
-//! functions block and run through [`crate::error::blocking`].
+//! live mount table so every step is idempotent. No proto types here. The
+//! mount steps block: callers run them through [`crate::error::blocking`];
+//! [`enforce_io_limits`] and the pipeline (`pipeline.rs`) are async and hand
+//! their blocking parts to it themselves.
 //!
 //! Directory volumes: stage = bind the volume directory onto the staging path;
 //! publish = bind the staging path onto the target (then remount for `ro` and

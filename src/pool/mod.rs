@@ -3,6 +3,7 @@
 //! and never sees a proto type.
 
 use std::collections::BTreeMap;
+use std::fmt;
 use std::path::PathBuf;
 
 use async_trait::async_trait;
@@ -366,6 +367,37 @@ pub enum Unusable {
     CheckFailed(String),
 }
 
+/// What kind of storage a pool is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Backend {
+    /// A directory pool (`pool/dir/`).
+    Dir,
+    /// A thick LVM pool.
+    Lvm,
+    /// A thin LVM pool.
+    LvmThin,
+    /// Static discovery's disks and mount points (`discovery/node.rs`).
+    Static,
+}
+
+impl Backend {
+    /// Its name in logs, messages and the metrics' `backend` label.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Backend::Dir => "dir",
+            Backend::Lvm => "lvm",
+            Backend::LvmThin => "lvm-thin",
+            Backend::Static => "static",
+        }
+    }
+}
+
+impl fmt::Display for Backend {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
 /// What the node side needs of a volume's pool: where its data is, how to
 /// make it usable here, and its health and usage for NodeGetVolumeStats.
 /// Every pool is one ([`Pool`] requires it); the defaults are what a pool
@@ -434,8 +466,9 @@ pub trait NodeSide: Send + Sync {
 #[async_trait]
 pub trait Pool: NodeSide {
     fn name(&self) -> &PoolName;
-    /// Short backend name for logs and `client capacity` (`dir`, `lvm`).
-    fn backend(&self) -> &'static str;
+    /// What kind of storage the pool is (logs, metrics' `backend` label,
+    /// and the rules that apply to one kind only).
+    fn backend(&self) -> Backend;
     /// What the pool's storage is (a VG's UUID, a dir pool's id file), read
     /// when it was opened; None for what has no such identity (static
     /// discovery's disks).

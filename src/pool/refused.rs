@@ -12,7 +12,7 @@ use std::sync::Mutex;
 use async_trait::async_trait;
 
 use super::{
-    AccessType, Capacity, CapacityRange, CreateRequest, Expanded, Health, NodeSide, Pool,
+    AccessType, Backend, Capacity, CapacityRange, CreateRequest, Expanded, Health, NodeSide, Pool,
     PoolError, Result, Snapshot, SnapshotRequest, Snapshots, Source, Unusable, Volume,
 };
 use crate::config::PoolConfig;
@@ -20,15 +20,15 @@ use crate::ids::{PoolName, VolumeId};
 
 pub struct RefusedPool {
     name: PoolName,
-    backend: &'static str,
+    backend: Backend,
     why: Mutex<Unusable>,
 }
 
 impl RefusedPool {
     pub fn new(cfg: &PoolConfig, why: Unusable) -> Self {
         let backend = match cfg {
-            PoolConfig::Dir(_) => "dir",
-            PoolConfig::Lvm(_) => "lvm",
+            PoolConfig::Dir(_) => Backend::Dir,
+            PoolConfig::Lvm(_) => Backend::Lvm,
         };
         RefusedPool {
             name: cfg.name().clone(),
@@ -54,7 +54,7 @@ impl RefusedPool {
     }
 
     fn lvm(&self) -> bool {
-        self.backend == "lvm"
+        self.backend == Backend::Lvm
     }
 }
 
@@ -70,7 +70,7 @@ impl Pool for RefusedPool {
     fn name(&self) -> &PoolName {
         &self.name
     }
-    fn backend(&self) -> &'static str {
+    fn backend(&self) -> Backend {
         self.backend
     }
     /// Not opened: its storage is not known (and not announced).

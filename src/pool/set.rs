@@ -90,7 +90,7 @@ impl Pools {
             };
             match open_one(pc).await {
                 Ok(pool) => {
-                    tracing::info!(pool = %pc.name(), backend = pool.backend(), "pool opened");
+                    tracing::info!(pool = %pc.name(), backend = pool.backend().as_str(), "pool opened");
                     let _ = slot.opened.set(pool);
                 }
                 Err(why) => {
@@ -122,7 +122,7 @@ impl Pools {
             }
             match open_one(&slot.config).await {
                 Ok(pool) => {
-                    tracing::info!(pool = %name, backend = pool.backend(), "pool opened");
+                    tracing::info!(pool = %name, backend = pool.backend().as_str(), "pool opened");
                     if slot.opened.set(pool).is_ok() {
                         opened.push(name.clone());
                     }

@@ -24,8 +24,8 @@ use tonic::server::NamedService;
 use tonic::Status;
 use tower::Service;
 
-use super::status::Refusal;
 use crate::driver::Driver;
+use crate::ops::Refusal;
 
 fn opening() -> Status {
     Refusal::Opening.into()

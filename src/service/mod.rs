@@ -1,11 +1,11 @@
 //! The CSI services. These modules are the only code that sees proto types:
-//! each handler decodes its request into domain types first (bad input becomes
-//! INVALID_ARGUMENT before anything on disk is touched), then calls the
-//! driver, the pools or the node pipeline (`nodeops::pipeline`) and answers.
+//! each handler decodes its request into the typed values of the operations
+//! layer (`ops`; bad input becomes INVALID_ARGUMENT before anything on disk
+//! is touched), calls the one operation of its RPC and encodes the answer.
 //! Every other code is chosen in `status.rs`, from the layer's error enum or
-//! a [`status::Refusal`] of the service's own.
+//! a [`crate::ops::Refusal`].
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::HashMap;
 use std::future::Future;
 use std::time::Instant;
 
@@ -17,8 +17,9 @@ pub use crate::driver::{Driver, TOPOLOGY_KEY};
 
 /// What every handler and decoder here returns: the code is chosen here.
 pub type Result<T, E = Status> = std::result::Result<T, E>;
-use crate::blockdev::{FormatOptions, FsType, FORMAT_PREFIX};
+use crate::blockdev::{FormatOptions, FORMAT_PREFIX};
 use crate::ids::{truncate, PoolName, StorageId, STORAGE_ID_KEY};
+pub use crate::ops::{Capability, PoolParams, PARAM_ENCRYPTION};
 use crate::pool::{AccessMode, AccessType, Encryption};
 
 pub mod controller;
@@ -31,8 +32,6 @@ pub mod status;
 pub const PARAM_POOL: &str = "pool";
 /// StorageClass parameter: inode (file count) limit of each volume.
 pub const PARAM_INODE_LIMIT: &str = "inodeLimit";
-/// StorageClass parameter: encryption at rest (`luks2`; LVM pools).
-pub const PARAM_ENCRYPTION: &str = "encryption";
 /// Prefix of the parameters Kubernetes' sidecars add (`--extra-create-metadata`).
 pub const K8S_PARAM_PREFIX: &str = "csi.storage.k8s.io/";
 
@@ -43,18 +42,10 @@ pub fn topology(node_id: &str) -> csi::Topology {
     }
 }
 
-/// Whether a topology segment from a request names this node.
-pub fn is_this_node(driver: &Driver, t: &csi::Topology) -> bool {
-    t.segments.get(TOPOLOGY_KEY) == Some(&driver.node_id)
-}
-
-/// A decoded `VolumeCapability`.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Capability {
-    pub access_type: AccessType,
-    pub fs_type: String,
-    pub mount_flags: Vec<String>,
-    pub mode: AccessMode,
+/// The node a topology segment from a request names (None: the segment
+/// has no key of this driver's).
+pub fn node_of(t: &csi::Topology) -> Option<String> {
+    t.segments.get(TOPOLOGY_KEY).cloned()
 }
 
 pub fn decode_capability(c: &csi::VolumeCapability) -> Result<Capability> {
@@ -122,20 +113,6 @@ pub fn decode_capabilities(caps: &[csi::VolumeCapability]) -> Result<Vec<Capabil
         return Err(Status::invalid_argument("volume_capabilities is required"));
     }
     caps.iter().map(decode_capability).collect()
-}
-
-/// StorageClass parameters of CreateVolume and GetCapacity.
-#[derive(Debug, Default)]
-pub struct PoolParams {
-    pub pool: Option<PoolName>,
-    pub inode_limit: Option<u64>,
-    pub encryption: Option<Encryption>,
-    /// How a new filesystem is made (`format.*`): checked against the
-    /// pool and the filesystem by CreateVolume, carried in the volume
-    /// context to NodeStageVolume.
-    pub format: FormatOptions,
-    /// Everything understood that the record keeps.
-    pub kept: BTreeMap<String, String>,
 }
 
 pub fn decode_params(params: &HashMap<String, String>) -> Result<PoolParams> {
@@ -243,12 +220,6 @@ pub fn decode_format_context(ctx: &HashMap<String, String>) -> Result<FormatOpti
     Ok(opts)
 }
 
-/// Options of another filesystem than `fs`, the one the volume gets, are
-/// INVALID_ARGUMENT.
-pub fn check_format_for(opts: &FormatOptions, fs: FsType) -> Result<()> {
-    opts.check_for(fs).map_err(bad_format_context)
-}
-
 /// The storage identity a volume's context names ([`STORAGE_ID_KEY`]: the
 /// PV's volume attributes, set from CreateVolume's answer or by an operator
 /// re-adopting a volume), if any; malformed is INVALID_ARGUMENT.
@@ -262,8 +233,8 @@ pub fn decode_storage_id(ctx: &HashMap<String, String>) -> Result<Option<Storage
         .transpose()
 }
 
-/// Converts a CSI byte count (int64) to u64; negative is INVALID_ARGUMENT.
-/// A request's capacity range (absent: no constraint).
+/// A request's capacity range (absent: no constraint); a negative byte
+/// count, or required above the limit, is INVALID_ARGUMENT.
 pub fn decode_range(r: Option<&csi::CapacityRange>) -> Result<crate::pool::CapacityRange> {
     let Some(r) = r else {
         return Ok(crate::pool::CapacityRange::default());
@@ -281,6 +252,7 @@ pub fn decode_range(r: Option<&csi::CapacityRange>) -> Result<crate::pool::Capac
     Ok(range)
 }
 
+/// Converts a CSI byte count (int64) to u64; negative is INVALID_ARGUMENT.
 pub fn bytes(what: &str, v: i64) -> Result<u64> {
     u64::try_from(v)
         .map_err(|_| Status::invalid_argument(format!("{what} must not be negative (got {v})")))

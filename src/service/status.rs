@@ -22,6 +22,7 @@ use crate::lvm::LvmError;
 use crate::mount::MountError;
 use crate::nodeops::pipeline::StepError;
 use crate::nodeops::NodeError;
+use crate::ops::{OpError, Refusal};
 use crate::pool::PoolError;
 use crate::quota::QuotaError;
 
@@ -257,53 +258,6 @@ pub fn cgroup_code(e: &CgroupError) -> Code {
     }
 }
 
-/// What a service refuses by itself, once a request is decoded: each
-/// refusal's code is chosen here like every layer's error's.
-#[derive(Debug, thiserror::Error)]
-pub enum Refusal {
-    /// An id this node has nothing for (not this driver's format, or a
-    /// volume gone).
-    #[error("{kind} {id:?} does not exist")]
-    Missing { kind: &'static str, id: String },
-    #[error("volume {id:?} is not a localvol volume")]
-    NotOurs { id: String },
-    #[error("no pool of this node supports snapshots")]
-    NoSnapshots,
-    #[error("{0} is not supported")]
-    Unsupported(&'static str),
-    #[error("{0} is not needed by local volumes")]
-    NotNeeded(&'static str),
-    /// The spec's code for a node that is not in the requested topology.
-    #[error("node {node} is not in the requested topology; volumes of this driver can only be created on the node that serves the request")]
-    NotInTopology { node: String },
-    /// A list's starting token that names no entry (the spec's ABORTED).
-    #[error("starting_token {token:?} is not valid (no such {what})")]
-    BadToken { token: String, what: &'static str },
-    #[error("volume {id} is {size} bytes; shrinking is not supported")]
-    Shrink { id: String, size: u64 },
-    #[error("volume {id} needs {growth} more, but pool {pool} has {available} free; ask for at most {most}")]
-    NoRoomToGrow {
-        id: String,
-        growth: String,
-        pool: String,
-        available: String,
-        most: String,
-    },
-    /// The driver serves while its pools open (`service/gate.rs`); retried.
-    #[error("the driver is still opening its pools; retry")]
-    Opening,
-    /// A limit below the smallest device the filesystem can be made on.
-    #[error(
-        "a {fs} volume needs at least {min} (mkfs.{fs} refuses less){luks}; limit_bytes is {limit}"
-    )]
-    TooSmallForFilesystem {
-        fs: &'static str,
-        min: String,
-        luks: &'static str,
-        limit: String,
-    },
-}
-
 pub fn refusal_code(e: &Refusal) -> Code {
     match e {
         Refusal::Missing { .. } | Refusal::NotOurs { .. } => Code::NotFound,
@@ -316,6 +270,29 @@ pub fn refusal_code(e: &Refusal) -> Code {
         Refusal::Shrink { .. }
         | Refusal::NoRoomToGrow { .. }
         | Refusal::TooSmallForFilesystem { .. } => Code::OutOfRange,
+        Refusal::Unfit(_) => Code::InvalidArgument,
+    }
+}
+
+/// An operation's error: the status of the error it carries, chosen above.
+impl From<OpError> for Status {
+    fn from(e: OpError) -> Self {
+        match e {
+            OpError::Refused(e) => e.into(),
+            OpError::Driver(e) => e.into(),
+            OpError::Pool(e) => e.into(),
+            OpError::Step(e) => e.into(),
+            OpError::Node(e) => e.into(),
+            OpError::Path(e) => e.into(),
+            OpError::Io(e) => e.into(),
+            OpError::Crypt(e) => e.into(),
+            OpError::Cgroup(e) => e.into(),
+            OpError::Room(e) => (*e).into(),
+            OpError::Static(e) => e.into(),
+            OpError::Busy(e) => e.into(),
+            OpError::Name(e) => e.into(),
+            OpError::UnknownFs(e) => e.into(),
+        }
     }
 }
 

@@ -34,7 +34,7 @@ use std::sync::{Arc, Mutex};
 use async_trait::async_trait;
 
 use super::{
-    AccessType, Capacity, CapacityRange, CreateRequest, Expanded, Health, NodeSide, Pool,
+    AccessType, Backend, Capacity, CapacityRange, CreateRequest, Expanded, Health, NodeSide, Pool,
     PoolError, Result, Source, Unusable, Usage, Volume,
 };
 use crate::config::{DirPoolConfig, QuotaMode, DEFAULT_VOLUME_SIZE};
@@ -349,8 +349,8 @@ impl Pool for DirPool {
         &self.name
     }
 
-    fn backend(&self) -> &'static str {
-        "dir"
+    fn backend(&self) -> Backend {
+        Backend::Dir
     }
 
     fn storage_id(&self) -> Option<&StorageId> {

@@ -13,7 +13,7 @@ impl LvmPool {
         req: &CreateRequest,
         name: &str,
         what: &str,
-    ) -> Result<Sized> {
+    ) -> Result<Sizing> {
         // Thin pools (the overprovision ratio is ours to keep) and pools with
         // a reserve or an overhead check the room first, from one `lvs` of
         // the VG that also says whether the LV exists. A thick pool without
@@ -45,7 +45,7 @@ impl LvmPool {
                     // Deleted, not yet renamed by the wiper: free the name.
                     self.hand_to_wiper(&lv).await?;
                 } else if let Some(vol) = self.existing(req, lv).await? {
-                    return Ok(Sized::Existing(Box::new(vol)));
+                    return Ok(Sizing::Existing(Box::new(vol)));
                 }
             }
             let size = size_in_extents(req.range, self.default_size, vg.extent_size.max(512))?;
@@ -55,7 +55,7 @@ impl LvmPool {
         } else {
             size_in_extents(req.range, self.default_size, self.cached_extent())?
         };
-        Ok(Sized::New { size, checked })
+        Ok(Sizing::New { size, checked })
     }
 
     /// Runs the `lvcreate` of a new volume. Some(volume): an earlier create
@@ -130,7 +130,7 @@ impl LvmPool {
 }
 
 /// What sizing a new volume found.
-pub(super) enum Sized {
+pub(super) enum Sizing {
     /// The volume exists already (the request's repeat).
     Existing(Box<Volume>),
     New {

@@ -34,7 +34,7 @@ use std::sync::{Arc, Mutex};
 use async_trait::async_trait;
 
 use super::{
-    AccessType, Capacity, CapacityRange, CreateRequest, Expanded, Health, IoLimits, Pool,
+    AccessType, Backend, Capacity, CapacityRange, CreateRequest, Expanded, Health, IoLimits, Pool,
     PoolError, Result, SlowChecks, Snapshots, ThinUsage, Volume, Wipes,
 };
 use crate::blockdev::FsType;
@@ -56,7 +56,7 @@ mod tags;
 mod wipe;
 
 use capacity::*;
-use create::Sized;
+use create::Sizing;
 use health::{Checked, HealthCache, DEGRADED_AFTER, HEALTH_TTL};
 use index::LvIndex;
 use restore::*;
@@ -551,11 +551,11 @@ impl Pool for LvmPool {
         self.storage.as_ref()
     }
 
-    fn backend(&self) -> &'static str {
+    fn backend(&self) -> Backend {
         if self.thin.is_some() {
-            "lvm-thin"
+            Backend::LvmThin
         } else {
-            "lvm"
+            Backend::Lvm
         }
     }
 
@@ -641,8 +641,8 @@ impl Pool for LvmPool {
         let _alloc = self.alloc.lock().await;
         let what = format!("volume {}", req.name.as_str());
         let (size, checked) = match self.size_new(req, &name, &what).await? {
-            Sized::Existing(vol) => return Ok(*vol),
-            Sized::New { size, checked } => (size, checked),
+            Sizing::Existing(vol) => return Ok(*vol),
+            Sizing::New { size, checked } => (size, checked),
         };
         if let Some(vol) = self.lvcreate_new(req, size, checked, &what).await? {
             return Ok(vol);
