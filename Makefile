@@ -72,15 +72,18 @@ e2e-prebuild:
 	fi
 
 # The image root's programs (vm/image-lifecycle's first checks, IMAGE_PROGRAMS_ONLY=1) in a
-# chroot on this host (its own mount namespace, for lvm's /proc and /sys), and the release
-# binary's symbol order; no VM.
+# chroot on this host (its own mount namespace, for lvm's /proc and /sys); no VM. The release
+# binary's symbol order is reported, not enforced: the list names functions as one rustc and
+# one source tree hash them, so any compiler bump or refactor lowers the share found until
+# `make symbol-order` regenerates it (as root, with valgrind). A stale list costs idle RSS
+# (docs/benchmarks.md), not correctness.
 image-programs:
 	vm/setup
 	@set -eu; \
 	root=$$(vm/image-root); \
 	programs=$$(vm/driver-programs); \
 	$(CARGO) build --release --locked --bin localvol; \
-	cli/symbol-order check $(BIN); \
+	cli/symbol-order check $(BIN) || echo "image-programs: the symbol order list is stale (advisory; make symbol-order regenerates it)"; \
 	IMAGE_PROGRAMS_ONLY=1 LVM_SUPPRESS_FD_WARNINGS=1 unshare -m sh -c \
 		'mount -t proc proc "$$0/proc" && mount -t sysfs sysfs "$$0/sys" && exec chroot "$$0" /bin/bash -s -- "$$@"' \
 		"$$root" $$programs <vm/image-lifecycle
@@ -289,7 +292,7 @@ bench: build
 
 # Rewrite cli/symbol-order.txt, the link order of the functions a serving driver
 # runs (read by cli/build.rs), from a profile of this tree's release build: after
-# a compiler or dependency update, or when test-image's check says it is stale.
+# a compiler or dependency update, or when make test's image-programs says it is stale.
 # Needs root and valgrind; about a minute.
 symbol-order: build
 	cli/symbol-order generate $(BIN)
