@@ -926,7 +926,9 @@ async fn restore_is_handed_out_only_when_complete(f: &Fx, src: &BlockSource) -> 
 
 /// Thick: while the copy runs (stopped here), the volume is not handed out:
 /// CreateVolume does not return, a retry waits for the same copy,
-/// ListVolumes does not show it, NodeStage and NodePublish do not find it.
+/// ListVolumes does not show it, NodeStage and NodePublish are refused
+/// ABORTED: the creating call holds the volume's lock for the whole copy, and
+/// every RPC takes the lock before it looks the volume up (src/ops).
 async fn thick_restore_is_hidden_while_it_copies(f: &Fx, req: csi::CreateVolumeRequest, r1: &str) {
     let mut c = f.d.controller();
     let first = tokio::spawn({
@@ -943,7 +945,7 @@ async fn thick_restore_is_hidden_while_it_copies(f: &Fx, req: csi::CreateVolumeR
     must_fail(
         "NodeStage mid-copy",
         f.stage_block(r1, "r1-early").await,
-        Code::NotFound,
+        Code::Aborted,
     );
     let staging = f.d.staging_path("r1-early");
     let mut preq = publish_req(r1, &staging, &f.d.target_path("r1-early"), false);
@@ -951,7 +953,7 @@ async fn thick_restore_is_hidden_while_it_copies(f: &Fx, req: csi::CreateVolumeR
     must_fail(
         "NodePublish mid-copy",
         f.d.node().node_publish_volume(preq).await,
-        Code::NotFound,
+        Code::Aborted,
     );
     // The caller gives up (a timeout): the copy goes on; a retry joins it
     // and does not return while it is stopped.
