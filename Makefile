@@ -76,7 +76,7 @@ e2e-prebuild:
 # binary's symbol order is reported, not enforced: the list names functions as one rustc and
 # one source tree hash them, so any compiler bump or refactor lowers the share found until
 # `make symbol-order` regenerates it (as root, with valgrind). A stale list costs idle RSS
-# (docs/benchmarks.md), not correctness.
+# (docs/performance.md), not correctness.
 image-programs:
 	vm/setup
 	@set -eu; \
