@@ -37,7 +37,7 @@ HEADER = """\
 # runs deploy/tools/alert_tests.py (promtool) on it.
 #
 # localvol's alerts for a Prometheus without the operator: list this file under
-# rule_files. The thresholds are the chart's defaults (deploy/README.md
+# rule_files. The thresholds are the chart's defaults (docs/operations.md,
 # "Alerts"); to change one, edit your copy, or render your own with
 #   helm template localvol deploy/helm/localvol --set prometheusRule.enabled=true \\
 #     --set-json prometheusRule.freeRatio=0.2 --show-only templates/prometheusrule.yaml
@@ -95,8 +95,8 @@ def check_chart(helm, obj):
         a = r.get("annotations", {})
         if not (r.get("labels", {}).get("severity") and a.get("summary") and a.get("description")):
             bad.append(f"{r.get('alert')}: needs a severity label, a summary and a description")
-        elif "Troubleshooting" not in a["description"]:
-            bad.append(f"{r.get('alert')}: its description must point to the troubleshooting table")
+        elif "docs/troubleshooting.md" not in a["description"]:
+            bad.append(f"{r.get('alert')}: its description must point to the troubleshooting table (docs/troubleshooting.md)")
     if "PrometheusRule" in helm_template(helm, only=False):
         bad.append("the default values render a PrometheusRule (it must be opt-in)")
     custom = yaml.safe_load(helm_template(helm, "prometheusRule.enabled=true",
