@@ -213,7 +213,7 @@ impl Orphans {
                 let here = storage.get(&id).cloned().flatten();
                 if rec.keeps(&id, here.as_ref()) {
                     tracing::warn!(volume = %id, storage = ?here.as_ref().map(|s| s.to_string()),
-                        "orphan kept: the node-loss controller deleted its PV, and its storage is still this node's; never reclaimed (re-adopt it with a static PV, see the README)");
+                        "orphan kept: the node-loss controller deleted its PV, and its storage is still this node's; never reclaimed (re-adopt it with a static PV, see docs/operations.md)");
                     self.announce(&id, rec).await;
                     report.kept.push(id);
                     continue;

@@ -4,8 +4,8 @@
 # controller's grace period (nodeLossGrace, 30 s here) the PV is gone (none left Terminating),
 # the claim that opted in with localvol.csi.dev/delete-on-node-loss is recreated, and the pod
 # runs on node A with a fresh, empty volume. B then comes back on the same disks: the volume's
-# data is still there (an orphan, kept and recorded, never reclaimed: deploy/README.md, "Node
-# replaced vs node lost").
+# data is still there (an orphan, kept and recorded, never reclaimed: docs/operations.md, "Node
+# replaced or node lost").
 # Adding, powering off and on node B are the infrastructure's actions; the rest is kubectl.
 . "$(dirname "$0")/../lib.sh"
 start_story

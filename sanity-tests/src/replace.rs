@@ -61,8 +61,8 @@ pub fn record_path(node: &str) -> String {
     format!("/api/v1/namespaces/{NAMESPACE}/configmaps/localvol-lost.{node}")
 }
 
-/// A lost record as the node-loss controller writes it (README, "Node
-/// replaced vs node lost"): one `<handle> <storage identity>` a line.
+/// A lost record as the node-loss controller writes it (docs/operations.md,
+/// "Node replaced or node lost"): one `<handle> <storage identity>` a line.
 pub fn lost_record(node: &str, volumes: &[(&str, &str)]) -> Value {
     let lines: String = volumes.iter().map(|(h, s)| format!("{h} {s}\n")).collect();
     json!({

@@ -21,7 +21,7 @@ async fn dir_pool_volumes_named_by_a_lost_record_survive_orphan_reclaim() {
     assert_eq!(out.kept.len(), 2);
 }
 
-/// A static PV as the README's re-adoption steps write it, as kubelet
+/// A static PV as docs/operations.md's re-adoption steps write it, as kubelet
 /// passes it: the volume context is the PV's volumeAttributes.
 fn with_storage<T>(
     mut req: T,
