@@ -178,8 +178,8 @@ VM_TEST_TIMEOUT_TEST ?= 3000
 validate-deploy:
 	deploy/validate
 
-# Rewrite the kustomize base's rendered files (deploy/kubernetes/base/localvol.yaml
-# and config.yaml) and the alerts' rules file (deploy/prometheus/localvol-alerts.yaml)
+# Rewrite the kustomize base's and overlays' rendered files (localvol.yaml and
+# config.yaml of deploy/kubernetes/base and overlays/*) and the alerts' rules file (deploy/prometheus/localvol-alerts.yaml)
 # from the Helm chart, then validate as above.
 deploy-base:
 	deploy/validate --write-base

@@ -378,9 +378,9 @@ class RenderBase(unittest.TestCase):
 
     def test_render_splits_config_and_drops_helm_only_lines(self):
         files = render_base.render(self.HELM)
-        self.assertEqual(files["config.yaml"], render_base.HEADER + "pools:\n- name: default\n")
+        self.assertEqual(files["config.yaml"], render_base.header(None) + "pools:\n- name: default\n")
         body = files["localvol.yaml"]
-        self.assertTrue(body.startswith(render_base.HEADER + "---\n# Source: localvol/templates/daemonset.yaml\n"))
+        self.assertTrue(body.startswith(render_base.header(None) + "---\n# Source: localvol/templates/daemonset.yaml\n"))
         for gone in ("managed-by", "helm.sh/chart", "checksum/config", "Roll the pods", "kind: ConfigMap"):
             self.assertNotIn(gone, body)
         self.assertIn("kubectl.kubernetes.io/default-container: localvol", body)
