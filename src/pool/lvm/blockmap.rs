@@ -52,8 +52,12 @@ async fn target(vg: &str, thin: &str) -> Result<Option<crate::dm::ThinPoolTarget
 /// A thin pool's metadata snapshot, reserved. Released by
 /// [`HeldMetadata::release`], or when dropped (see the module's text).
 pub(super) struct HeldMetadata {
+    vg: String,
+    thin: String,
     /// The mapping of the pool's `thin-pool` target.
     mapping: String,
+    /// The snapshot's block, as the pool's status named it once reserved.
+    root: Option<u64>,
     /// The pool's metadata device, which the tools read.
     tmeta: PathBuf,
     /// The pool's lock, held as long as the snapshot is.
@@ -88,19 +92,57 @@ impl HeldMetadata {
         let tmeta_name = crate::dm::lv_name(vg, &format!("{thin}_tmeta"));
         let tmeta = PathBuf::from("/dev/mapper").join(&tmeta_name);
         lvm::reserve_metadata_snap(&t.mapping).await?;
-        Ok(HeldMetadata {
+        let mut held = HeldMetadata {
+            vg: vg.to_owned(),
+            thin: thin.to_owned(),
             mapping: t.mapping,
+            root: None,
             tmeta,
             lock: Some(lock),
-        })
+        };
+        held.root = held.now_held().await?;
+        if held.root.is_none() {
+            return Err(PoolError::Inconsistent(format!(
+                "thin pool {vg}/{thin}: its status names no metadata snapshot just after one was reserved"
+            )));
+        }
+        Ok(held)
     }
 
-    /// Releases it now (the normal end of a read).
+    /// The metadata snapshot the pool's status names now.
+    async fn now_held(&self) -> Result<Option<u64>> {
+        Ok(target(&self.vg, &self.thin)
+            .await?
+            .and_then(|t| t.status.held_root))
+    }
+
+    /// Releases it now (the normal end of a read), once the pool's status
+    /// shows that it is still the one reserved: another process that
+    /// released it meanwhile (a successor driver's start, by hand) may have
+    /// let the pool reuse its blocks under the tool, so the answer is then
+    /// an error, never a map read from reused blocks.
     async fn release(mut self) -> Result<()> {
+        let still = self.now_held().await;
         let lock = self.lock.take();
-        let res = lvm::release_metadata_snap(&self.mapping).await;
+        let res = match still {
+            Ok(now) if now.is_some() && now == self.root => {
+                lvm::release_metadata_snap(&self.mapping)
+                    .await
+                    .map_err(Into::into)
+            }
+            // Not ours any more: left to whoever holds it now.
+            Ok(now) => Err(PoolError::Inconsistent(format!(
+                "the metadata snapshot of thin pool {}/{} was released or replaced by another \
+                 process while it was read (block {:?}, now {now:?}); ask again from the start",
+                self.vg, self.thin, self.root
+            ))),
+            Err(e) => {
+                let _ = lvm::release_metadata_snap(&self.mapping).await;
+                Err(e)
+            }
+        };
         drop(lock);
-        Ok(res?)
+        res
     }
 }
 
@@ -109,8 +151,28 @@ impl Drop for HeldMetadata {
         let Some(lock) = self.lock.take() else {
             return;
         };
-        let mapping = self.mapping.clone();
+        let (vg, thin, mapping, root) = (
+            self.vg.clone(),
+            self.thin.clone(),
+            self.mapping.clone(),
+            self.root,
+        );
         let release = async move {
+            // Only its own: none held is done, another block is another
+            // process's (its own block unknown, or the status unreadable:
+            // released, as its own most likely).
+            let now = target(&vg, &thin)
+                .await
+                .map(|t| t.and_then(|t| t.status.held_root));
+            let theirs = match now {
+                Ok(None) => true,
+                Ok(Some(n)) => root.is_some_and(|r| r != n),
+                Err(_) => false,
+            };
+            if theirs {
+                drop(lock);
+                return;
+            }
             if let Err(e) = lvm::release_metadata_snap(&mapping).await {
                 tracing::warn!(mapping, error = %e, "releasing the thin pool's metadata snapshot failed; the next call or start releases it");
             }
