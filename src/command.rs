@@ -11,11 +11,15 @@
 
 use std::ffi::OsString;
 use std::fmt;
+use std::future::Future;
 use std::path::Path;
+use std::pin::Pin;
 use std::process::{ExitStatus, Stdio};
+use std::task::{Context, Poll};
 use std::time::Duration;
 
-use tokio::process::Command;
+use tokio::io::{AsyncRead, AsyncReadExt, ReadBuf};
+use tokio::process::{ChildStdout, Command};
 
 /// Default limit for one external command.
 pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(120);
@@ -36,6 +40,13 @@ pub enum CommandError {
         code: Option<i32>,
         stdout: String,
         stderr: String,
+    },
+    /// Reading a streamed program's output failed ([`Cmd::stream`]).
+    #[error("reading the output of {program}: {source}")]
+    Output {
+        program: String,
+        #[source]
+        source: std::io::Error,
     },
 }
 
@@ -293,6 +304,162 @@ impl Running {
     }
 }
 
+/// The most of a streamed program's stderr that is kept for its error.
+const STDERR_KEPT: usize = 64 << 10;
+
+/// A program whose stdout is read as it comes ([`Cmd::stream`]): for output
+/// too large to hold (a thin pool's block map of a volume of terabytes). It
+/// reads as [`AsyncRead`]; the consumer's own pace is the pace of the
+/// program (a full pipe stops it). The time limit is a stall limit: a read
+/// that gets nothing for the command's timeout fails with `TimedOut` (a
+/// hung device), however long the whole output takes. Killed when dropped,
+/// like every child.
+pub struct Streaming {
+    program: String,
+    child: tokio::process::Child,
+    stdout: ChildStdout,
+    limit: Duration,
+    /// When the read under way gives up; set as a read starts.
+    stall: Pin<Box<tokio::time::Sleep>>,
+    waiting: bool,
+    /// Drains stderr (so a chatty child never blocks on it), keeping the
+    /// first [`STDERR_KEPT`] bytes.
+    stderr: tokio::task::JoinHandle<Vec<u8>>,
+}
+
+impl Cmd {
+    /// Starts the program with its stdout to be read as a stream
+    /// ([`Streaming`]); stdin is `/dev/null` (no secret goes to a streamed
+    /// program). [`Streaming::finish`] then says how it ended.
+    pub fn stream(self) -> Result<Streaming, CommandError> {
+        let mut cmd = Command::new(&self.program);
+        cmd.args(&self.args)
+            .env("LC_ALL", "C")
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .kill_on_drop(true);
+        for (k, v) in &self.env {
+            cmd.env(k, v);
+        }
+        tracing::debug!(command = ?self, "streaming");
+        let mut child = cmd.spawn().map_err(|source| CommandError::Spawn {
+            program: self.program.clone(),
+            source,
+        })?;
+        let (Some(stdout), Some(mut err)) = (child.stdout.take(), child.stderr.take()) else {
+            return Err(CommandError::Output {
+                program: self.program,
+                source: std::io::Error::other("no pipe to the child"),
+            });
+        };
+        let stderr = tokio::spawn(async move {
+            let mut kept = Vec::new();
+            let mut buf = [0u8; 4096];
+            while let Ok(n @ 1..) = err.read(&mut buf).await {
+                let room = STDERR_KEPT.saturating_sub(kept.len()).min(n);
+                kept.extend_from_slice(&buf[..room]);
+            }
+            kept
+        });
+        Ok(Streaming {
+            program: self.program,
+            child,
+            stdout,
+            limit: self.timeout,
+            stall: Box::pin(tokio::time::sleep(self.timeout)),
+            waiting: false,
+            stderr,
+        })
+    }
+}
+
+impl Streaming {
+    /// The error of a failed read of its output (a stall is a timeout).
+    pub fn read_error(&self, source: std::io::Error) -> CommandError {
+        if source.kind() == std::io::ErrorKind::TimedOut {
+            return CommandError::Timeout {
+                program: self.program.clone(),
+                after: self.limit,
+            };
+        }
+        CommandError::Output {
+            program: self.program.clone(),
+            source,
+        }
+    }
+
+    /// Waits for the program to exit (within its time limit; killed past
+    /// it) once its output was read to the end: an exit other than 0 is
+    /// [`CommandError::Failed`] with its stderr.
+    pub async fn finish(mut self) -> Result<(), CommandError> {
+        let status = match tokio::time::timeout(self.limit, self.child.wait()).await {
+            Ok(r) => r.map_err(|source| CommandError::Spawn {
+                program: self.program.clone(),
+                source,
+            })?,
+            Err(_) => {
+                let _ = self.child.kill().await;
+                return Err(CommandError::Timeout {
+                    program: self.program.clone(),
+                    after: self.limit,
+                });
+            }
+        };
+        let stderr = (&mut self.stderr).await.unwrap_or_default();
+        if status.success() {
+            return Ok(());
+        }
+        Err(CommandError::Failed {
+            program: self.program.clone(),
+            code: status.code(),
+            stdout: String::new(),
+            stderr: String::from_utf8_lossy(&stderr).into_owned(),
+        })
+    }
+}
+
+impl AsyncRead for Streaming {
+    fn poll_read(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<std::io::Result<()>> {
+        let this = self.get_mut();
+        if !this.waiting {
+            // A new read: the limit counts from now, not from the last one
+            // (the consumer may have been slow in between).
+            let at = tokio::time::Instant::now() + this.limit;
+            this.stall.as_mut().reset(at);
+            this.waiting = true;
+        }
+        match Pin::new(&mut this.stdout).poll_read(cx, buf) {
+            Poll::Ready(r) => {
+                this.waiting = false;
+                Poll::Ready(r)
+            }
+            Poll::Pending => match this.stall.as_mut().poll(cx) {
+                Poll::Ready(()) => {
+                    this.waiting = false;
+                    Poll::Ready(Err(std::io::Error::new(
+                        std::io::ErrorKind::TimedOut,
+                        format!("no output for {}s", this.limit.as_secs()),
+                    )))
+                }
+                Poll::Pending => Poll::Pending,
+            },
+        }
+    }
+}
+
+impl Drop for Streaming {
+    fn drop(&mut self) {
+        // The child is killed by kill_on_drop; its stderr reader ends with
+        // the pipe, or here.
+        self.stderr.abort();
+    }
+}
+
 /// Writes `bytes` into the child's stdin, closes it and overwrites the bytes.
 async fn feed_stdin(pipe: Option<tokio::process::ChildStdin>, bytes: Option<Vec<u8>>) {
     use tokio::io::AsyncWriteExt;
@@ -419,6 +586,67 @@ mod tests {
         assert!(r.exited().is_none());
         let status = r.stop(Duration::from_secs(5)).await.unwrap();
         assert!(!status.success(), "ended by SIGTERM: {status}");
+    }
+
+    #[tokio::test]
+    async fn streamed_output_is_read_as_it_comes_and_the_exit_checked() {
+        use tokio::io::AsyncBufReadExt;
+        let s = Cmd::new("sh")
+            .args([
+                "-c",
+                "for i in 1 2 3; do echo line$i; done; echo oops >&2; exit 4",
+            ])
+            .stream()
+            .unwrap();
+        let mut r = tokio::io::BufReader::new(s);
+        let mut lines = Vec::new();
+        let mut l = String::new();
+        while r.read_line(&mut l).await.unwrap() > 0 {
+            lines.push(l.trim().to_owned());
+            l.clear();
+        }
+        assert_eq!(lines, ["line1", "line2", "line3"]);
+        let err = r.into_inner().finish().await.unwrap_err();
+        assert_eq!(err.exit_code(), Some(4));
+        assert_eq!(err.stderr().trim(), "oops");
+        let ok = Cmd::new("true").stream().unwrap();
+        ok.finish().await.unwrap();
+    }
+
+    #[tokio::test]
+    async fn a_stalled_stream_times_out_and_its_child_is_killed() {
+        let dir = tempfile::tempdir().unwrap();
+        let pidfile = dir.path().join("pid");
+        let script = format!("echo $$ > {}; echo first; exec sleep 30", pidfile.display());
+        let mut s = Cmd::new("sh")
+            .args(["-c", &script])
+            .timeout(Duration::from_millis(300))
+            .stream()
+            .unwrap();
+        let mut buf = vec![0u8; 64];
+        let n = s.read(&mut buf).await.unwrap();
+        assert_eq!(&buf[..n], b"first\n");
+        let e = s.read(&mut buf).await.unwrap_err();
+        assert!(s.read_error(e).is_timeout());
+        let pid: i32 = std::fs::read_to_string(&pidfile)
+            .unwrap()
+            .trim()
+            .parse()
+            .unwrap();
+        drop(s);
+        let mut gone = false;
+        for _ in 0..50 {
+            let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+            if stat.is_empty() || stat.contains(") Z ") {
+                gone = true;
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        assert!(
+            gone,
+            "child {pid} still running after the stream was dropped"
+        );
     }
 
     #[tokio::test]

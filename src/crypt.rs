@@ -156,6 +156,53 @@ const PBKDF_ARGS: [&str; 6] = [
 /// from the start of the device: what the filesystem inside does not get.
 pub const LUKS2_HEADER_BYTES: u64 = 16 << 20;
 
+/// The most a LUKS2 header's binary part and JSON area take (the format's
+/// largest metadata size, 4 MiB).
+const LUKS2_MAX_HEADER: u64 = 4 << 20;
+
+/// Where the data of the LUKS2 volume on `dev` starts, in bytes from its
+/// start: its data segment's `offset`, read from the header (no key
+/// needed; the header is plaintext). What its opened mapping shows starts
+/// there. Blocking: call it through [`crate::error::blocking`].
+pub fn luks2_data_offset(dev: &Path) -> Result<u64> {
+    use std::os::unix::fs::FileExt;
+    let not_luks = |found: &str| CryptError::NotLuks {
+        dev: dev.to_owned(),
+        found: found.to_owned(),
+    };
+    let f = std::fs::File::open(dev).ctx(|| format!("opening {dev:?}"))?;
+    let mut bin = [0u8; 4096];
+    f.read_exact_at(&mut bin, 0)
+        .ctx(|| format!("reading the LUKS header of {dev:?}"))?;
+    if &bin[..6] != b"LUKS\xba\xbe" || bin[6..8] != [0, 2] {
+        return Err(not_luks("no LUKS2 header"));
+    }
+    let size = u64::from_be_bytes(bin[8..16].try_into().unwrap_or_default());
+    if !(4096..=LUKS2_MAX_HEADER).contains(&size) {
+        return Err(not_luks(&format!("a LUKS2 header of {size} bytes")));
+    }
+    let mut json = vec![0u8; (size - 4096) as usize];
+    f.read_exact_at(&mut json, 4096)
+        .ctx(|| format!("reading the LUKS2 metadata of {dev:?}"))?;
+    let end = json.iter().position(|b| *b == 0).unwrap_or(json.len());
+    let meta: serde_json::Value = serde_json::from_slice(&json[..end])
+        .map_err(|e| not_luks(&format!("LUKS2 metadata that does not parse ({e})")))?;
+    let offsets: Vec<u64> = meta["segments"]
+        .as_object()
+        .into_iter()
+        .flat_map(|segs| segs.values())
+        .filter(|seg| seg["type"] == "crypt")
+        .filter_map(|seg| seg["offset"].as_str()?.parse().ok())
+        .collect();
+    match offsets.as_slice() {
+        [one] => Ok(*one),
+        _ => Err(not_luks(&format!(
+            "a LUKS2 volume with {} data segments",
+            offsets.len()
+        ))),
+    }
+}
+
 /// `cryptsetup luksFormat` of `dev` (key on stdin).
 pub fn format_command(dev: &Path, key: &Key) -> Cmd {
     Cmd::new("cryptsetup")
@@ -526,5 +573,59 @@ mod tests {
     #[test]
     fn no_mapping_of_an_unknown_name() {
         assert!(mapped_device("localvol-no.such-mapping").unwrap().is_none());
+    }
+
+    /// The data offset is read from a header `cryptsetup luksFormat` made
+    /// (on a plain file: no device-mapper needed), and an offset that is
+    /// not the default is read as it is.
+    #[tokio::test]
+    async fn the_data_offset_is_read_from_the_luks2_header() {
+        let dir = tempfile::tempdir().unwrap();
+        let img = dir.path().join("luks.img");
+        std::fs::File::create(&img)
+            .unwrap()
+            .set_len(40 << 20)
+            .unwrap();
+        let key = Key::new(b"0123456789abcdef0123456789abcdef").unwrap();
+        match format_command(&img, &key).run().await {
+            Ok(_) => {}
+            Err(CommandError::Spawn { .. }) => {
+                return crate::testing::skip(
+                    "the_data_offset_is_read_from_the_luks2_header",
+                    "cryptsetup is not installed",
+                )
+            }
+            Err(e) => panic!("luksFormat of a file: {e}"),
+        }
+        assert_eq!(luks2_data_offset(&img).unwrap(), LUKS2_HEADER_BYTES);
+        let other = dir.path().join("other.img");
+        std::fs::File::create(&other)
+            .unwrap()
+            .set_len(40 << 20)
+            .unwrap();
+        Cmd::new("cryptsetup")
+            .args(["luksFormat", "--batch-mode", "--type", "luks2"])
+            .args(PBKDF_ARGS)
+            .args(["--offset", "65536", "--key-file", "-"])
+            .arg(&other)
+            .secret_stdin(&key.0)
+            .run()
+            .await
+            .unwrap();
+        assert_eq!(luks2_data_offset(&other).unwrap(), 65536 * 512);
+        // Not LUKS: zeroes, or a LUKS1-style version.
+        let zero = dir.path().join("zero.img");
+        std::fs::write(&zero, vec![0u8; 8192]).unwrap();
+        assert!(matches!(
+            luks2_data_offset(&zero),
+            Err(CryptError::NotLuks { .. })
+        ));
+        let mut v1 = std::fs::read(&img).unwrap()[..8192].to_vec();
+        v1[7] = 1;
+        std::fs::write(&zero, v1).unwrap();
+        assert!(matches!(
+            luks2_data_offset(&zero),
+            Err(CryptError::NotLuks { .. })
+        ));
     }
 }

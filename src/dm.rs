@@ -262,6 +262,9 @@ pub struct ThinPoolStatus {
     pub mode: String,
     /// The pool asks for `thin_check` (its metadata is damaged).
     pub needs_check: bool,
+    /// The block of the pool's metadata snapshot, while one is reserved
+    /// (`reserve_metadata_snap`; `-` when none is).
+    pub held_root: Option<u64>,
 }
 
 impl ThinPoolStatus {
@@ -273,6 +276,7 @@ impl ThinPoolStatus {
                 data_percent: 0.0,
                 mode: "Fail".into(),
                 needs_check: false,
+                held_root: None,
             });
         }
         let percent = |s: &str| -> Option<f64> {
@@ -286,6 +290,10 @@ impl ThinPoolStatus {
         Some(ThinPoolStatus {
             metadata_percent: percent(f.get(1)?)?,
             data_percent: percent(f.get(2)?)?,
+            held_root: match *f.get(3)? {
+                "-" => None,
+                n => Some(n.parse().ok()?),
+            },
             mode: (*f.get(4)?).to_owned(),
             needs_check: f.get(7) == Some(&"needs_check"),
         })
@@ -297,11 +305,20 @@ impl ThinPoolStatus {
     }
 }
 
-/// The thin pool `vg/thin` as its `thin-pool` target reports it: the size of
-/// its data space in bytes and its status (None: not active, or not a thin
+/// A thin pool's `thin-pool` target: the mapping that holds it (where
+/// `dmsetup message` goes), its data size and its status.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ThinPoolTarget {
+    pub mapping: String,
+    /// The pool's data space, in bytes.
+    pub size: u64,
+    pub status: ThinPoolStatus,
+}
+
+/// The thin pool `vg/thin`'s target (None: not active, or not a thin
 /// pool). lvm puts the target in `<vg>-<thin>-tpool` while thin volumes use
 /// the pool, and in `<vg>-<thin>` otherwise.
-pub fn thin_pool(vg: &str, thin: &str) -> std::io::Result<Option<(u64, ThinPoolStatus)>> {
+pub fn thin_pool_target(vg: &str, thin: &str) -> std::io::Result<Option<ThinPoolTarget>> {
     let name = lv_name(vg, thin);
     for candidate in [format!("{name}-tpool"), name] {
         let Some(st) = status(&candidate)? else {
@@ -309,11 +326,24 @@ pub fn thin_pool(vg: &str, thin: &str) -> std::io::Result<Option<(u64, ThinPoolS
         };
         if let [t] = st.targets.as_slice() {
             if t.kind == "thin-pool" {
-                return Ok(ThinPoolStatus::parse(&t.status).map(|s| (t.length * 512, s)));
+                return Ok(
+                    ThinPoolStatus::parse(&t.status).map(|status| ThinPoolTarget {
+                        mapping: candidate.clone(),
+                        size: t.length * 512,
+                        status,
+                    }),
+                );
             }
         }
     }
     Ok(None)
+}
+
+/// The thin pool `vg/thin` as its `thin-pool` target reports it: the size of
+/// its data space in bytes and its status (None: not active, or not a thin
+/// pool).
+pub fn thin_pool(vg: &str, thin: &str) -> std::io::Result<Option<(u64, ThinPoolStatus)>> {
+    Ok(thin_pool_target(vg, thin)?.map(|t| (t.size, t.status)))
 }
 
 #[cfg(test)]
@@ -395,6 +425,13 @@ mod tests {
         assert_eq!(s.data_percent, 25.0);
         assert!((s.metadata_percent - 1.3671875).abs() < 1e-9);
         assert!(s.serving());
+        assert_eq!(s.held_root, None);
+        let held = ThinPoolStatus::parse(
+            "5 30/1024 100/400 1021 rw discard_passdown queue_if_no_space - 1024",
+        )
+        .unwrap();
+        assert_eq!(held.held_root, Some(1021), "a metadata snapshot is held");
+        assert!(held.serving());
         let full = ThinPoolStatus::parse(
             "3 20/1024 400/400 - out_of_data_space discard_passdown error_if_no_space - 1024",
         )

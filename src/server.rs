@@ -13,6 +13,7 @@ use tonic::transport::Server;
 use crate::config::Config;
 use crate::csi::{
     controller_server::ControllerServer, identity_server::IdentityServer, node_server::NodeServer,
+    snapshot_metadata_server::SnapshotMetadataServer,
 };
 use crate::driver::{check_identity, Driver, DriverError, Identity};
 use crate::endpoint::Endpoint;
@@ -38,6 +39,7 @@ pub enum ServeError {
 type Result<T, E = ServeError> = std::result::Result<T, E>;
 use crate::service::controller::ControllerService;
 use crate::service::identity::IdentityService;
+use crate::service::metadata::SnapshotMetadataService;
 use crate::service::node::{node_info, NodeService};
 use crate::task::AbortOnDrop;
 
@@ -204,12 +206,16 @@ pub async fn serve_opening(
         .add_service(IdentityServer::new(IdentityService::opening(
             opts.driver_name.clone(),
             opened.clone(),
+            opts.config.keeps_block_maps(),
         )))
         .add_service(controller.clone())
         .add_service(NodeServer::new(NodeService::opening(
             node_info(&opts.node_id, opts.config.max_volumes_per_node),
             opened.clone(),
-        )));
+        )))
+        .add_service(SnapshotMetadataServer::new(
+            SnapshotMetadataService::opening(opened.clone()),
+        ));
     let started = async {
         let driver = open.await?;
         let tasks = start_driver(opts, &driver).await?;

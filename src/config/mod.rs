@@ -95,6 +95,16 @@ pub struct Config {
     pub cgroup_root: PathBuf,
 }
 
+impl Config {
+    /// Whether a pool keeps block maps of its snapshots (a thin LVM pool):
+    /// the driver then serves SnapshotMetadata and advertises it.
+    pub fn keeps_block_maps(&self) -> bool {
+        self.pools
+            .iter()
+            .any(|p| matches!(p, PoolConfig::Lvm(l) if l.thin_pool_name().is_some()))
+    }
+}
+
 fn default_cgroup_root() -> PathBuf {
     PathBuf::from("/sys/fs/cgroup")
 }

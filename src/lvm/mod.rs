@@ -10,6 +10,8 @@
 //! - `run`: the runner and the classification of lvm's failures;
 //! - `report`: lvm's JSON reports parsed, and tag encoding;
 //! - `args`: the arguments of lvm's commands (`lvcreate` and thin pools);
+//! - `thin`: a thin pool's block maps from its metadata snapshot
+//!   (`dmsetup message`, `thin_dump`, `thin_delta`);
 //! - here: the async API the pools call (`vg`, `lvs`, `lv`, `extend`,
 //!   `remove`, `rename`, `activate`, ...).
 
@@ -18,6 +20,7 @@ use std::future::Future;
 mod args;
 mod report;
 mod run;
+mod thin;
 
 // Public for `localvol bench --floor-lvm` (the `cli/` crate), which times
 // the bare LVM sequence with the driver's own `lvcreate` builder and runner:
@@ -34,6 +37,7 @@ pub(crate) use report::{
 #[cfg(test)]
 pub(crate) use run::classify;
 pub(crate) use run::refused_as_held;
+pub(crate) use thin::{release_metadata_snap, reserve_metadata_snap, BlockRuns, Run};
 
 use report::{LV_FIELDS, VG_FIELDS};
 use run::{report_args, run};

@@ -24,6 +24,7 @@ mod change;
 mod checks;
 mod controller;
 mod ephemeral;
+mod metadata;
 mod node;
 #[cfg(test)]
 mod tests;
@@ -35,6 +36,7 @@ pub use controller::{
     NewSnapshot, NewVolume, SnapshotFilter,
 };
 pub use ephemeral::{publish_ephemeral, NewEphemeral};
+pub use metadata::{metadata_allocated, metadata_delta, Allocated, BlockPages, Delta, Paging};
 pub use node::{
     expand_on_node, publish, stage, stats, unpublish, unstage, NodeExpand, Publish, Stage, Stats,
     Unpublish, Unstage,
@@ -129,6 +131,19 @@ pub enum Refusal {
         luks: &'static str,
         limit: String,
     },
+    /// A block-map request's starting offset at or past the volume's end
+    /// (the spec's OUT_OF_RANGE).
+    #[error("starting_offset {start} is not below the volume's size ({capacity} bytes)")]
+    PastTheEnd { start: u64, capacity: u64 },
+    /// A snapshot whose pool keeps no block map of it: thick LVM (a
+    /// copy-on-write store maps only what changed in its origin since, not
+    /// what the volume holds) or dir pools. Only thin LVM pools' snapshots
+    /// have one.
+    #[error(
+        "snapshots of pool {pool} ({backend}) have no block map: changed-block tracking \
+         (SnapshotMetadata) needs a snapshot in a thin LVM pool; back this one up whole"
+    )]
+    NoBlockMap { pool: String, backend: &'static str },
     /// A well-formed request that does not fit what it names: the pool
     /// (a parameter it does not take, an access type it lacks) or the
     /// volume (another access type, no key for an encrypted one). An

@@ -550,6 +550,77 @@ pub trait Pool: NodeSide {
     async fn thin_usage(&self) -> Result<Option<ThinUsage>> {
         Ok(None)
     }
+    /// Block maps of its snapshots (SnapshotMetadata), for a pool that
+    /// keeps them (None: its snapshots have none, thick copy-on-write or
+    /// directory copies; callers answer for that themselves).
+    fn block_maps(&self) -> Option<&dyn BlockMaps> {
+        None
+    }
+}
+
+/// The part of a snapshot's device that is the volume as its readers see
+/// it: `capacity` bytes from byte `skip` (an encrypted volume's LUKS header
+/// comes first: its readers see the opened mapping, which starts after
+/// it).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Window {
+    pub skip: u64,
+    pub capacity: u64,
+}
+
+/// A snapshot whose blocks its pool maps, as a block-map request names it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct MappedSnapshot {
+    pub id: VolumeId,
+    /// The id of the volume it is a snapshot of.
+    pub source_volume: String,
+    pub window: Window,
+    /// The pool's own name for the snapshot's block map (a dm-thin
+    /// device id).
+    pub device: u64,
+}
+
+/// Bytes of a device: `length` from `offset`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Extent {
+    pub offset: u64,
+    pub length: u64,
+}
+
+impl Extent {
+    pub fn end(&self) -> u64 {
+        self.offset.saturating_add(self.length)
+    }
+}
+
+/// A block map being read: extents of a snapshot's device (from its
+/// start, not its [`Window`]), ascending and disjoint, as the reader asks
+/// for them. What it holds (a pool's metadata snapshot, a running tool) is
+/// given back when the last extent was read, or when it is dropped.
+#[async_trait]
+pub trait Extents: Send {
+    /// The pool's block: every extent starts and ends on one.
+    fn block_size(&self) -> u64;
+    /// The next extent (None: the map is complete).
+    async fn next(&mut self) -> Result<Option<Extent>>;
+}
+
+/// What a pool that keeps block maps of its snapshots offers
+/// (SnapshotMetadata's GetMetadataAllocated and GetMetadataDelta).
+#[async_trait]
+pub trait BlockMaps: Send + Sync {
+    /// The snapshot `id` as its block map knows it (SnapshotNotFound when
+    /// there is none).
+    async fn mapped_snapshot(&self, id: &VolumeId) -> Result<MappedSnapshot>;
+    /// The extents of `snap`'s device that hold data.
+    async fn allocated(&self, snap: &MappedSnapshot) -> Result<Box<dyn Extents>>;
+    /// The extents of `target`'s device that differ from `base`'s (data
+    /// written, or discarded, since `base`).
+    async fn changed(
+        &self,
+        base: &MappedSnapshot,
+        target: &MappedSnapshot,
+    ) -> Result<Box<dyn Extents>>;
 }
 
 /// What a pool that takes snapshots offers (and creates volumes from

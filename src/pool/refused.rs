@@ -12,8 +12,9 @@ use std::sync::Mutex;
 use async_trait::async_trait;
 
 use super::{
-    AccessType, Backend, Capacity, CapacityRange, CreateRequest, Expanded, Health, NodeSide, Pool,
-    PoolError, Result, Snapshot, SnapshotRequest, Snapshots, Source, Unusable, Volume,
+    AccessType, Backend, BlockMaps, Capacity, CapacityRange, CreateRequest, Expanded, Extents,
+    Health, MappedSnapshot, NodeSide, Pool, PoolError, Result, Snapshot, SnapshotRequest,
+    Snapshots, Source, Unusable, Volume,
 };
 use crate::config::PoolConfig;
 use crate::ids::{PoolName, VolumeId};
@@ -28,6 +29,7 @@ impl RefusedPool {
     pub fn new(cfg: &PoolConfig, why: Unusable) -> Self {
         let backend = match cfg {
             PoolConfig::Dir(_) => Backend::Dir,
+            PoolConfig::Lvm(c) if c.thin_pool_name().is_some() => Backend::LvmThin,
             PoolConfig::Lvm(_) => Backend::Lvm,
         };
         RefusedPool {
@@ -54,7 +56,7 @@ impl RefusedPool {
     }
 
     fn lvm(&self) -> bool {
-        self.backend == Backend::Lvm
+        matches!(self.backend, Backend::Lvm | Backend::LvmThin)
     }
 }
 
@@ -88,6 +90,9 @@ impl Pool for RefusedPool {
     }
     fn snapshots(&self) -> Option<&dyn Snapshots> {
         self.lvm().then_some(self as &dyn Snapshots)
+    }
+    fn block_maps(&self) -> Option<&dyn BlockMaps> {
+        (self.backend == Backend::LvmThin).then_some(self as &dyn BlockMaps)
     }
     async fn health(&self) -> Health {
         Health::Unusable(self.why())
@@ -124,6 +129,23 @@ impl Snapshots for RefusedPool {
         Err(self.err())
     }
     async fn list_snapshots(&self) -> Result<Vec<Snapshot>> {
+        Err(self.err())
+    }
+}
+
+#[async_trait]
+impl BlockMaps for RefusedPool {
+    async fn mapped_snapshot(&self, _id: &VolumeId) -> Result<MappedSnapshot> {
+        Err(self.err())
+    }
+    async fn allocated(&self, _snap: &MappedSnapshot) -> Result<Box<dyn Extents>> {
+        Err(self.err())
+    }
+    async fn changed(
+        &self,
+        _base: &MappedSnapshot,
+        _target: &MappedSnapshot,
+    ) -> Result<Box<dyn Extents>> {
         Err(self.err())
     }
 }

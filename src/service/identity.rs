@@ -11,15 +11,21 @@ pub struct IdentityService {
     name: String,
     version: String,
     opened: Opened,
+    /// Advertise SNAPSHOT_METADATA_SERVICE: a configured pool keeps block
+    /// maps of its snapshots (a thin LVM pool, open or not yet: the
+    /// config's `keeps_block_maps`), so the answer does not change when
+    /// the pools open.
+    snapshot_metadata: bool,
 }
 
 impl IdentityService {
     /// Probe says not ready until `opened` is set (`service/gate.rs`).
-    pub fn opening(name: String, opened: Opened) -> Self {
+    pub fn opening(name: String, opened: Opened, snapshot_metadata: bool) -> Self {
         Self {
             name,
             version: env!("CARGO_PKG_VERSION").to_owned(),
             opened,
+            snapshot_metadata,
         }
     }
 }
@@ -50,19 +56,21 @@ impl csi::identity_server::Identity for IdentityService {
             )),
         };
         rpc("GetPluginCapabilities", "", async {
-            Ok(csi::GetPluginCapabilitiesResponse {
-                capabilities: vec![
-                    svc(service::Type::ControllerService),
-                    svc(service::Type::VolumeAccessibilityConstraints),
-                    csi::PluginCapability {
-                        r#type: Some(plugin_capability::Type::VolumeExpansion(
-                            plugin_capability::VolumeExpansion {
-                                r#type: volume_expansion::Type::Online as i32,
-                            },
-                        )),
-                    },
-                ],
-            })
+            let mut capabilities = vec![
+                svc(service::Type::ControllerService),
+                svc(service::Type::VolumeAccessibilityConstraints),
+                csi::PluginCapability {
+                    r#type: Some(plugin_capability::Type::VolumeExpansion(
+                        plugin_capability::VolumeExpansion {
+                            r#type: volume_expansion::Type::Online as i32,
+                        },
+                    )),
+                },
+            ];
+            if self.snapshot_metadata {
+                capabilities.push(svc(service::Type::SnapshotMetadataService));
+            }
+            Ok(csi::GetPluginCapabilitiesResponse { capabilities })
         })
         .await
     }

@@ -25,6 +25,7 @@ use crate::pool::{AccessMode, AccessType, Encryption};
 pub mod controller;
 pub mod gate;
 pub mod identity;
+pub mod metadata;
 pub mod node;
 pub mod status;
 

@@ -269,7 +269,9 @@ pub fn refusal_code(e: &Refusal) -> Code {
         Refusal::Opening => Code::Unavailable,
         Refusal::Shrink { .. }
         | Refusal::NoRoomToGrow { .. }
-        | Refusal::TooSmallForFilesystem { .. } => Code::OutOfRange,
+        | Refusal::TooSmallForFilesystem { .. }
+        | Refusal::PastTheEnd { .. } => Code::OutOfRange,
+        Refusal::NoBlockMap { .. } => Code::FailedPrecondition,
         Refusal::Unfit(_) => Code::InvalidArgument,
     }
 }

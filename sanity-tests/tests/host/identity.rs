@@ -179,3 +179,74 @@ async fn a_pool_whose_disk_is_refused_is_unusable_while_the_others_serve() {
     assert_eq!(fs::read_dir(&path).unwrap().count(), 0);
     assert!(mount_at(&path).is_none());
 }
+
+/// SNAPSHOT_METADATA_SERVICE is advertised, and the service answers, only
+/// with a thin LVM pool in the config (opened or not: here its VG does not
+/// exist, so it waits unopened and its calls are UNAVAILABLE). Without one
+/// the calls are UNIMPLEMENTED; a dir pool's id is FAILED_PRECONDITION.
+#[tokio::test]
+async fn snapshot_metadata_is_served_with_a_thin_pool_only() {
+    use csi::snapshot_metadata_client::SnapshotMetadataClient;
+    let key = "0123456789abcdef0123456789abcdef";
+    let req = |id: &str, offset: i64| csi::GetMetadataAllocatedRequest {
+        snapshot_id: id.to_owned(),
+        starting_offset: offset,
+        ..Default::default()
+    };
+    let offered = |r: &csi::GetPluginCapabilitiesResponse| {
+        r.capabilities.iter().any(|c| {
+            matches!(&c.r#type, Some(plugin_capability::Type::Service(s))
+                if s.r#type == service::Type::SnapshotMetadataService as i32)
+        })
+    };
+
+    let d = Driver::start_default().await;
+    let caps = ok(
+        "GetPluginCapabilities",
+        d.identity()
+            .get_plugin_capabilities(csi::GetPluginCapabilitiesRequest {})
+            .await,
+    );
+    assert!(!offered(&caps), "{caps:?}");
+    let mut c = SnapshotMetadataClient::new(d.endpoint.connect().await.unwrap());
+    let e = c
+        .get_metadata_allocated(req(&format!("default.{key}"), 0))
+        .await;
+    must_fail("without a thin pool", e, Code::Unimplemented);
+
+    let mut opts = DriverOpts::default();
+    opts.lvm_pools
+        .push(LvmPoolOpts::new("thin", "localvol-sanity-no-such-vg").thin_pool("tp"));
+    let d = Driver::start(opts).await;
+    let caps = ok(
+        "GetPluginCapabilities",
+        d.identity()
+            .get_plugin_capabilities(csi::GetPluginCapabilitiesRequest {})
+            .await,
+    );
+    assert!(offered(&caps), "{caps:?}");
+    let mut c = SnapshotMetadataClient::new(d.endpoint.connect().await.unwrap());
+    let e = c
+        .get_metadata_allocated(req(&format!("thin.{key}"), 0))
+        .await;
+    must_fail("a thin pool not opened", e, Code::Unavailable);
+    let e = c
+        .get_metadata_allocated(req(&format!("default.{key}"), 0))
+        .await;
+    let s = must_fail("a dir pool's snapshot", e, Code::FailedPrecondition);
+    assert!(s.message().contains("thin LVM"), "{}", s.message());
+    let e = c.get_metadata_allocated(req("not-ours", 0)).await;
+    must_fail("an id of no pool", e, Code::NotFound);
+    let e = c
+        .get_metadata_allocated(req(&format!("thin.{key}"), -1))
+        .await;
+    must_fail("a negative offset", e, Code::InvalidArgument);
+    let e = c
+        .get_metadata_delta(csi::GetMetadataDeltaRequest {
+            base_snapshot_id: String::new(),
+            target_snapshot_id: format!("thin.{key}"),
+            ..Default::default()
+        })
+        .await;
+    must_fail("a delta without its base", e, Code::InvalidArgument);
+}

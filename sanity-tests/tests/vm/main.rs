@@ -18,5 +18,6 @@ mod vm_lvm;
 mod vm_lvm_index;
 mod vm_quota;
 mod vm_raw_disks;
+mod vm_snapshot_metadata;
 mod vm_snapshots;
 mod vm_wipe;

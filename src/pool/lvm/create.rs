@@ -138,3 +138,35 @@ pub(super) enum Sizing {
         checked: bool,
     },
 }
+
+impl LvmPool {
+    /// The LV a successful `lvcreate` of [`LvmPool::create_args`] made, as
+    /// `lvs` would report it: what the driver asked for is what lvm did
+    /// (the size is whole extents already), so it is not read back.
+    pub(super) fn just_created(&self, req: &CreateRequest, size: u64) -> LvInfo {
+        let name = lv_name(&req.id.key);
+        LvInfo {
+            path: format!("/dev/{}/{name}", self.vg),
+            name,
+            vg: self.vg.clone(),
+            size,
+            tags: self.create_tags(req),
+            // lv_attr: a thin or linear volume, writeable, inherited
+            // allocation, active; thin volumes zero what they provision.
+            attr: match self.thin {
+                Some(_) => "Vwi-a-tz--".to_owned(),
+                None => "-wi-a-----".to_owned(),
+            },
+            pool_lv: self.thin.clone().unwrap_or_default(),
+            origin: String::new(),
+            data_percent: None,
+            metadata_percent: None,
+            open: false,
+            created_unix: std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| d.as_secs()),
+            // Not known until lvs reports it; nothing reads it from here.
+            thin_id: None,
+        }
+    }
+}

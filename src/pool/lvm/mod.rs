@@ -25,6 +25,9 @@
 //!   survive a cancelled RPC and a crash);
 //! - `wipe`: thick pools zero deleted volumes and snapshots in the
 //!   background before their extents return to the VG;
+//! - `blockmap`: thin pools' block maps of their snapshots
+//!   (SnapshotMetadata), and the pool's one metadata snapshot they are
+//!   read from;
 //! - `tests`: all of the above on recorded `lvs` JSON, without root or the VM.
 
 use std::collections::HashMap;
@@ -34,8 +37,8 @@ use std::sync::{Arc, Mutex};
 use async_trait::async_trait;
 
 use super::{
-    AccessType, Backend, Capacity, CapacityRange, CreateRequest, Expanded, Health, IoLimits, Pool,
-    PoolError, Result, SlowChecks, Snapshots, ThinUsage, Volume, Wipes,
+    AccessType, Backend, BlockMaps, Capacity, CapacityRange, CreateRequest, Expanded, Health,
+    IoLimits, Pool, PoolError, Result, SlowChecks, Snapshots, ThinUsage, Volume, Wipes,
 };
 use crate::blockdev::FsType;
 use crate::config::{LvmPoolConfig, DEFAULT_THIN_FULL_PERCENT, DEFAULT_VOLUME_SIZE};
@@ -44,6 +47,7 @@ use crate::ids::{PoolName, StorageId, VolumeId, VolumeKey};
 use crate::lvm::{self, LvInfo, LvmError, NewLv};
 
 mod args;
+mod blockmap;
 mod capacity;
 mod create;
 mod delete;
@@ -165,6 +169,7 @@ impl LvmPool {
             let rate = cfg_rate.map(|r| r.0);
             pool.wiper = Some(Wiper::start(&pool.vg, &pool.name, rate));
         }
+        blockmap::release_left_held(&pool).await;
         tracing::info!(pool = %pool.name, vg = pool.vg, thin = ?pool.thin, "lvm pool opened");
         Ok(pool)
     }
@@ -244,34 +249,6 @@ impl LvmPool {
         match self.to_volume(&lv) {
             Some(v) => super::matches_request(v, req, false).map(Some),
             None => Err(self.not_ours(&lv.name)),
-        }
-    }
-
-    /// The LV a successful `lvcreate` of [`LvmPool::create_args`] made, as
-    /// `lvs` would report it: what the driver asked for is what lvm did
-    /// (the size is whole extents already), so it is not read back.
-    fn just_created(&self, req: &CreateRequest, size: u64) -> LvInfo {
-        let name = lv_name(&req.id.key);
-        LvInfo {
-            path: format!("/dev/{}/{name}", self.vg),
-            name,
-            vg: self.vg.clone(),
-            size,
-            tags: self.create_tags(req),
-            // lv_attr: a thin or linear volume, writeable, inherited
-            // allocation, active; thin volumes zero what they provision.
-            attr: match self.thin {
-                Some(_) => "Vwi-a-tz--".to_owned(),
-                None => "-wi-a-----".to_owned(),
-            },
-            pool_lv: self.thin.clone().unwrap_or_default(),
-            origin: String::new(),
-            data_percent: None,
-            metadata_percent: None,
-            open: false,
-            created_unix: std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .map_or(0, |d| d.as_secs()),
         }
     }
 
@@ -772,6 +749,12 @@ impl Pool for LvmPool {
 
     fn snapshots(&self) -> Option<&dyn Snapshots> {
         Some(self)
+    }
+
+    /// Thin pools only: a thick snapshot (dm-snapshot's copy-on-write
+    /// store) keeps no map of which blocks its origin holds.
+    fn block_maps(&self) -> Option<&dyn BlockMaps> {
+        self.thin.is_some().then_some(self as &dyn BlockMaps)
     }
 
     async fn thin_usage(&self) -> Result<Option<ThinUsage>> {
