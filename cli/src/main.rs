@@ -69,6 +69,8 @@ enum ConfigCommand {
         #[arg(required = true)]
         files: Vec<PathBuf>,
     },
+    /// Print the programs the driver runs, one per line: what its image must hold.
+    Programs,
 }
 
 #[derive(clap::Args)]
@@ -335,6 +337,12 @@ async fn run(cli: Cli) -> ExitCode {
                 0 => Ok(()),
                 n => Err(format!("{n} of {} config files refused", files.len())),
             }
+        }
+        Command::Config(ConfigCommand::Programs) => {
+            for p in localvol::command::PROGRAMS {
+                println!("{p}");
+            }
+            Ok(())
         }
     };
     match res {
