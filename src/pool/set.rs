@@ -36,6 +36,19 @@ struct Slot {
 }
 
 impl Slot {
+    /// A pool not opened (yet), not looked at: its stand-in answers.
+    fn new(pc: &PoolConfig) -> Self {
+        let waiting = Arc::new(RefusedPool::new(pc, Unusable::NotOpened));
+        Slot {
+            config: pc.clone(),
+            opened: OnceLock::new(),
+            waiting_dyn: waiting.clone(),
+            waiting,
+            usable: AtomicBool::new(true),
+            why: Mutex::new(None),
+        }
+    }
+
     fn current(&self) -> &Arc<dyn Pool> {
         self.opened.get().unwrap_or(&self.waiting_dyn)
     }
@@ -79,15 +92,7 @@ impl Pools {
         let mut slots = HashMap::new();
         let mut order = Vec::new();
         for pc in &cfg.pools {
-            let waiting = Arc::new(RefusedPool::new(pc, Unusable::NotOpened));
-            let slot = Slot {
-                config: pc.clone(),
-                opened: OnceLock::new(),
-                waiting_dyn: waiting.clone(),
-                waiting,
-                usable: AtomicBool::new(true),
-                why: Mutex::new(None),
-            };
+            let slot = Slot::new(pc);
             match open_one(pc).await {
                 Ok(pool) => {
                     tracing::info!(pool = %pc.name(), backend = pool.backend().as_str(), "pool opened");
