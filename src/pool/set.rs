@@ -86,6 +86,21 @@ async fn open_one(pc: &PoolConfig) -> std::result::Result<Arc<dyn Pool>, Unusabl
 }
 
 impl Pools {
+    /// The pools of `cfg` without opening any: each is its stand-in
+    /// ([`RefusedPool`]), which answers what its backend offers (the
+    /// checks of a new volume's request) and refuses every call, and none
+    /// has been looked at. Nothing on the node is read or touched: `localvol
+    /// config check` checks classes against them.
+    pub fn unopened(cfg: &Config) -> Self {
+        Pools {
+            slots: (cfg.pools.iter())
+                .map(|pc| (pc.name().clone(), Slot::new(pc)))
+                .collect(),
+            order: cfg.pools.iter().map(|p| p.name().clone()).collect(),
+            default: cfg.default_pool().clone(),
+        }
+    }
+
     /// Opens every configured pool. One that cannot open is logged and
     /// waits, unusable, for [`Pools::reopen`]; the others serve.
     pub async fn open(cfg: &Config) -> Self {
