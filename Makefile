@@ -81,8 +81,8 @@ image-programs:
 	vm/setup
 	@set -eu; \
 	root=$$(vm/image-root); \
-	programs=$$(vm/driver-programs); \
 	$(CARGO) build --release --locked --bin localvol; \
+	programs=$$($(BIN) config programs); \
 	cli/symbol-order check $(BIN) || echo "image-programs: the symbol order list is stale (advisory; make symbol-order regenerates it)"; \
 	IMAGE_PROGRAMS_ONLY=1 LVM_SUPPRESS_FD_WARNINGS=1 unshare -m sh -c \
 		'mount -t proc proc "$$0/proc" && mount -t sysfs sysfs "$$0/sys" && exec chroot "$$0" /bin/bash -s -- "$$@"' \
@@ -240,7 +240,8 @@ e2e-upstream:
 # with the package list vm/image-packages reads from the Dockerfile; cached by that list in
 # /var/cache/localvol-image), and in one vm/run boot vm/guest-image chroots into it with the
 # release binary at /usr/local/bin/localvol and runs vm/image-lifecycle there: the programs
-# the driver runs (vm/driver-programs, read from src/) and lvm's thin_check are present, a
+# the driver runs (`localvol config programs`: src/command.rs's PROGRAMS, which
+# tests/architecture.rs holds to every Cmd::new) and lvm's thin_check are present, a
 # thin-pool activation runs thin_check, and a dir, a thick (ext4) and a thin (xfs) pool go
 # through create, stage, publish, write, expand, snapshot and restore (LVM), and delete, and
 # so does an encrypted (LUKS2) volume of the thick pool.
@@ -252,8 +253,8 @@ test-image: image-programs
 	dir=$$(mktemp -d $(CURDIR)/target/image-test.XXXXXX); \
 	trap 'rm -rf "$$dir"' EXIT; \
 	root=$$(vm/image-root); \
-	programs=$$(vm/driver-programs); \
 	cp $(BIN) "$$dir/localvol"; \
+	programs=$$("$$dir/localvol" config programs); \
 	start=$$(date +%s); \
 	rc=0; \
 	VM_PASS_ENV="RUST_LOG" vm/run --mem 1536 --timeout $(IMAGE_TEST_TIMEOUT) -- \

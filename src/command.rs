@@ -24,6 +24,29 @@ use tokio::process::{ChildStdout, Command};
 /// Default limit for one external command.
 pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(120);
 
+/// Every program the driver runs, by the name it runs it as (each
+/// `Cmd::new("...")` of the non-test source), sorted: what its container
+/// image must hold. `tests/architecture.rs` holds this list to the source,
+/// `localvol config programs` prints it for the image checks (`make
+/// image-programs`, `make test-image`). A program the config names (a
+/// discovery class's `cleanup` command) is the operator's, not listed.
+pub const PROGRAMS: &[&str] = &[
+    "blkdiscard",
+    "blkid",
+    "cryptsetup",
+    "dd",
+    "dmsetup",
+    "lvm",
+    "mkfs.ext4",
+    "mkfs.xfs",
+    "resize2fs",
+    "shred",
+    "thin_delta",
+    "thin_dump",
+    "wipefs",
+    "xfs_growfs",
+];
+
 #[derive(Debug, thiserror::Error)]
 pub enum CommandError {
     #[error("cannot run {program}: {source}")]

@@ -170,6 +170,23 @@ impl Driver {
         }))
     }
 
+    /// The driver `name` of `config` with no pool opened (each is its
+    /// stand-in, [`Pools::unopened`]) and no static volume read: what a
+    /// request is checked against before anything is looked up. It reads
+    /// and changes nothing on the node, and needs no privilege (`localvol
+    /// config check --storage-class`).
+    pub fn unopened(name: &str, config: &Config) -> Driver {
+        Driver {
+            name: name.to_owned(),
+            node_id: String::new(),
+            pools: Pools::unopened(config),
+            locks: Arc::default(),
+            kubelet_dir: PathBuf::from("/"),
+            statics: None,
+            cgroup_root: config.cgroup_root.clone(),
+        }
+    }
+
     /// Where IO limits are written: the cgroup v2 root, and the kubelet
     /// directory whose targets name the pods.
     pub fn cgroup_paths(&self) -> (&Path, &Path) {

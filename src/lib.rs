@@ -42,6 +42,10 @@ mod testing;
 /// GetPluginInfo reports and `localvol --version` prints.
 pub const VERSION: &str = env!("CARGO_PKG_VERSION");
 
+/// `localvol config check --storage-class` and `--snapshot-class`: classes
+/// decoded as CreateVolume and CreateSnapshot decode them.
+pub use service::classes as class_check;
+
 /// The tests' fake Kubernetes API server (`k8s/fake.rs`), for the test
 /// crates that start the real binary against it; never in a normal build.
 #[cfg(feature = "fake-api")]

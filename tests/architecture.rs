@@ -349,6 +349,75 @@ fn only_blockdev_raw_runs_the_programs_that_write_blocks() {
     );
 }
 
+/// The top-level modules `lib.rs` compiles only for tests (`#[cfg(test)]
+/// mod testing;`): `sources()` reads their files like any other.
+fn test_only_modules() -> BTreeSet<String> {
+    let lib = fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("src/lib.rs")).unwrap();
+    let lines: Vec<&str> = lib.lines().map(str::trim).collect();
+    lines
+        .windows(2)
+        .filter(|w| w[0] == "#[cfg(test)]")
+        .filter_map(|w| w[1].strip_prefix("mod ")?.strip_suffix(';'))
+        .map(str::to_owned)
+        .collect()
+}
+
+#[test]
+fn programs_is_every_program_the_driver_runs() {
+    // `command::PROGRAMS` is what the image checks look for in the image
+    // (`localvol config programs`): every `Cmd::new("...")` outside tests,
+    // and nothing else. A program that is not a literal would escape that,
+    // so each such run is named here with its reason.
+    let not_literal = [
+        // A discovery class's `cleanup` command: the operator's program.
+        "discovery/cleanup.rs",
+    ];
+    let test_only = test_only_modules();
+    let mut run = BTreeMap::<String, Vec<String>>::new();
+    let mut unnamed = Vec::new();
+    for s in sources()
+        .into_iter()
+        .filter(|s| !test_only.contains(&s.module))
+    {
+        for (i, part) in s.code.split("Cmd::new(").skip(1).enumerate() {
+            match part.strip_prefix('"').and_then(|p| p.split_once('"')) {
+                Some((program, _)) => run
+                    .entry(program.to_owned())
+                    .or_default()
+                    .push(s.path.clone()),
+                None if not_literal.contains(&s.path.as_str()) => {}
+                None => unnamed.push(format!("{} (run {})", s.path, i + 1)),
+            }
+        }
+    }
+    assert!(
+        unnamed.is_empty(),
+        "Cmd::new of a program that is not a literal (name it in PROGRAMS and run it by \
+         its literal, or list the file here with its reason): {unnamed:?}"
+    );
+    let listed: BTreeSet<String> = localvol::command::PROGRAMS
+        .iter()
+        .map(|p| p.to_string())
+        .collect();
+    let found: BTreeSet<String> = run.keys().cloned().collect();
+    assert_eq!(
+        listed,
+        found,
+        "command::PROGRAMS is not the programs the source runs: missing {:?}, never run {:?} \
+         (where each runs: {run:?})",
+        found.difference(&listed).collect::<Vec<_>>(),
+        listed.difference(&found).collect::<Vec<_>>(),
+    );
+    let mut sorted = localvol::command::PROGRAMS.to_vec();
+    sorted.sort_unstable();
+    sorted.dedup();
+    assert_eq!(
+        sorted,
+        localvol::command::PROGRAMS,
+        "PROGRAMS in order, each once"
+    );
+}
+
 #[test]
 fn lvm_arguments_are_built_in_lvm() {
     // One builder for lvcreate (and one function per other change), used

@@ -20,6 +20,7 @@ const DEFAULT_DRIVER_NAME: &str = "localvol.csi.dev";
 
 mod bench;
 mod client;
+mod config;
 mod requests;
 
 #[derive(Parser)]
@@ -57,18 +58,9 @@ enum Command {
     /// Cluster-wide node-loss controller (a Deployment, leader-elected on a Lease).
     #[command(after_help = LOG_ENV_HELP)]
     Controller(ControllerArgs),
-    /// Check driver config files with the driver's own rules.
+    /// Check driver config files and classes with the driver's own rules.
     #[command(subcommand)]
-    Config(ConfigCommand),
-}
-
-#[derive(Subcommand)]
-enum ConfigCommand {
-    /// Read each FILE as `serve --config FILE` does, before it opens any pool; exit 1 if one is refused.
-    Check {
-        #[arg(required = true)]
-        files: Vec<PathBuf>,
-    },
+    Config(config::ConfigCommand),
 }
 
 #[derive(clap::Args)]
@@ -320,22 +312,7 @@ async fn run(cli: Cli) -> ExitCode {
         Command::Client(a) => return client::main(a).await,
         Command::Bench(a) => return bench::main(a).await,
         Command::Controller(a) => controller(a).await,
-        Command::Config(ConfigCommand::Check { files }) => {
-            let mut refused = 0;
-            for f in &files {
-                match localvol::config::check_file(f) {
-                    Ok(summary) => println!("{}: ok, {summary}", f.display()),
-                    Err(e) => {
-                        eprintln!("localvol: {e}");
-                        refused += 1;
-                    }
-                }
-            }
-            match refused {
-                0 => Ok(()),
-                n => Err(format!("{n} of {} config files refused", files.len())),
-            }
-        }
+        Command::Config(c) => config::main(c),
     };
     match res {
         Ok(()) => ExitCode::SUCCESS,

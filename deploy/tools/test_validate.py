@@ -15,6 +15,8 @@ import tempfile
 import textwrap
 import unittest
 
+import yaml
+
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import render_base  # noqa: E402
 import validate  # noqa: E402
@@ -300,27 +302,116 @@ class Probes(unittest.TestCase):
 
 
 @unittest.skipUnless(os.environ.get("LOCALVOL_BIN"), "LOCALVOL_BIN not set: no binary to ask")
-class FormatParams(unittest.TestCase):
-    LVM = {"type": "lvm", "defaultFsType": "xfs"}
+class ClassParams(unittest.TestCase):
+    """Class parameters are the binary's to judge (`localvol config check
+    --storage-class`): these run its rules through validate.py's wiring."""
+    CONFIG = textwrap.dedent("""\
+        pools:
+        - {name: quota, type: dir, path: /var/lib/localvol/quota}
+        - {name: plain, type: dir, path: /var/lib/localvol/plain, quota: "off"}
+        - {name: thick, type: lvm, volumeGroup: vg}
+        - {name: thin, type: lvm, volumeGroup: vg, thinPool: tp, defaultFsType: xfs}
+        """)
+    SECRET = {"csi.storage.k8s.io/node-stage-secret-name": "key",
+              "csi.storage.k8s.io/node-stage-secret-namespace": "ns"}
 
-    def test_valid_options_pass(self):
-        for params, fs in [({"format.xfs.nrext64": "false", "format.xfs.reflink": "true"}, None),
-                           ({"format.ext4.features": "^orphan_file,64bit"}, "ext4"),
-                           ({"pool": "lvm"}, None)]:
-            self.assertEqual(validate.format_problems(params, self.LVM, fs), [], params)
+    def verdicts(self, *docs, config=None):
+        with tempfile.NamedTemporaryFile("w", suffix=".yaml") as f:
+            yaml.safe_dump_all(docs, f)
+            f.flush()
+            return validate.class_check(os.environ["LOCALVOL_BIN"], f.name, config or self.CONFIG)
 
-    def test_what_create_volume_refuses_is_reported(self):
-        for params, pool, fs, says in [
-            ({"format.xfs.nrext64": "0"}, self.LVM, None, "true"),
-            ({"format.xfs.nrext64": "false"}, self.LVM, "ext4", "on a ext4 class"),
-            ({"format.xfs.nrext64": "false"}, {"type": "dir"}, None, "need an LVM pool"),
-            ({"format.ext4.features": "has_journal"}, self.LVM, "ext4", "has_journal not in"),
-            ({"format.ext4.features": "64bit,^64bit"}, self.LVM, "ext4", "twice"),
-            ({"format.ext4.features": "64bit", "format.xfs.bigtime": "true"}, self.LVM, "ext4",
-             "together"),
+    def sc(self, name, **params):
+        return {"apiVersion": "storage.k8s.io/v1", "kind": "StorageClass", "metadata": {"name": name},
+                "provisioner": validate.DRIVER, "parameters": params}
+
+    def vsc(self, name, **params):
+        return {"kind": "VolumeSnapshotClass", "metadata": {"name": name},
+                "driver": validate.DRIVER, "parameters": params}
+
+    def test_what_create_volume_takes_passes(self):
+        classes = [
+            self.sc("a"),
+            self.sc("b", pool="quota", inodeLimit="1000"),
+            self.sc("c", pool="thin", **{"format.xfs.nrext64": "false", "format.xfs.reflink": "true"}),
+            self.sc("d", pool="thick", **{"format.ext4.features": "^orphan_file,64bit"}),
+            self.sc("e", pool="thick", encryption="luks2", **self.SECRET),
+            self.vsc("s", snapshotSize="1Gi"),
+        ]
+        verdicts, why = self.verdicts(*classes)
+        self.assertIsNone(why)
+        self.assertEqual(verdicts, {(c["kind"], c["metadata"]["name"]): [] for c in classes})
+
+    def test_what_create_volume_refuses_is_reported_by_parameter(self):
+        for params, says in [
+            ({"pool": "thin", "format.xfs.nrext64": "0"}, "format.xfs.nrext64: "),
+            ({"pool": "thin", "format.xfs.nrext64": "false", "csi.storage.k8s.io/fstype": "ext4"},
+             "format.xfs.nrext64: "),
+            ({"pool": "quota", "format.xfs.nrext64": "false"}, "format.xfs.nrext64: "),
+            ({"pool": "thick", "format.ext4.features": "has_journal"}, "format.ext4.features: "),
+            ({"pool": "thick", "format.ext4.features": "64bit,^64bit"}, "format.ext4.features: "),
+            ({"pool": "thick", "inodeLimit": "10"}, "inodeLimit: "),
+            ({"pool": "plain", "inodeLimit": "10"}, "inodeLimit: "),
+            ({"pool": "quota", "encryption": "luks2", **self.SECRET}, "encryption: "),
+            ({"pool": "thick", "encryption": "luks2"}, "encryption: "),
+            ({"pool": "thick", "colour": "blue"}, "colour: "),
+            ({"pool": "thick", "csi.storage.k8s.io/fstype": "btrfs"}, "btrfs"),
+            ({"pool": "elsewhere"}, "elsewhere"),
         ]:
-            problems = validate.format_problems(params, pool, fs)
-            self.assertTrue(any(says in p for p in problems), (params, problems))
+            verdicts, why = self.verdicts(self.sc("x", **params))
+            problems = verdicts[("StorageClass", "x")]
+            self.assertTrue(len(problems) == 1 and says in problems[0], (params, problems))
+
+    def test_the_secret_in_the_render_must_hold_the_key(self):
+        secret = {"kind": "Secret", "metadata": {"name": "key", "namespace": "ns"},
+                  "stringData": {"not-the-key": "x"}}
+        verdicts, _ = self.verdicts(self.sc("x", pool="thick", encryption="luks2", **self.SECRET), secret)
+        self.assertEqual(len(verdicts[("StorageClass", "x")]), 1)
+        self.assertIn("has no encryptionKey", verdicts[("StorageClass", "x")][0])
+
+    def test_snapshot_classes_need_their_parameters_and_a_pool_that_snapshots(self):
+        verdicts, _ = self.verdicts(self.vsc("s", snapshotSize="0", other="1"))
+        self.assertEqual([p.split(":")[0] for p in verdicts[("VolumeSnapshotClass", "s")]],
+                         ["other", "snapshotSize"])
+        dir_only = "pools: [{name: quota, type: dir, path: /var/lib/localvol/quota}]\n"
+        verdicts, _ = self.verdicts(self.vsc("s"), config=dir_only)
+        self.assertTrue(any("snapshots" in p for p in verdicts[("VolumeSnapshotClass", "s")]))
+
+    def test_other_drivers_classes_and_a_refused_render(self):
+        other = dict(self.sc("local"), provisioner="kubernetes.io/no-provisioner")
+        verdicts, why = self.verdicts(self.sc("mine"), other)
+        self.assertEqual(verdicts, {("StorageClass", "mine"): []})
+        verdicts, why = self.verdicts(self.sc("x"), config="pools: []\n")
+        self.assertIsNone(verdicts)
+        self.assertIn("no pools", why)
+
+
+class Classes(unittest.TestCase):
+    """check_classes reports the driver's verdicts; it judges no parameter."""
+
+    def render(self):
+        sc = {"kind": "StorageClass", "metadata": {"name": "x"}, "provisioner": validate.DRIVER,
+              "parameters": {"anything": "at all"}, "volumeBindingMode": "WaitForFirstConsumer"}
+        csidriver = {"kind": "CSIDriver", "metadata": {"name": validate.DRIVER}, "spec": {}}
+        return [csidriver, sc]
+
+    def failed_checks(self, verdicts, why=None):
+        out = io.StringIO()
+        validate.R = validate.Report()
+        with contextlib.redirect_stdout(out):
+            validate.check_classes("t", self.render(), {}, False, verdicts, why)
+        return [l for l in out.getvalue().splitlines() if "FAIL" in l and "StorageClass" in l]
+
+    def test_the_drivers_verdict_is_the_check(self):
+        self.assertEqual(self.failed_checks({("StorageClass", "x"): []}), [])
+        failed = self.failed_checks({("StorageClass", "x"): ["anything: unknown parameter"]})
+        self.assertTrue(len(failed) == 1 and "anything: unknown parameter" in failed[0], failed)
+        self.assertEqual(len(self.failed_checks({})), 1)              # the driver did not check it
+        self.assertEqual(len(self.failed_checks(None, "config refused")), 1)
+
+    def test_no_copy_of_a_driver_rule_is_left(self):
+        for name in ("SC_PARAMS", "EXT4_FEATURES", "format_problems", "VSC_PARAMS", "KEY_FIELD"):
+            self.assertFalse(hasattr(validate, name), name)
 
 
 class ConfigCheck(unittest.TestCase):

@@ -6,7 +6,10 @@ wrote to --renders (one multi-document YAML file per render, named
 kustomize-*.yaml or helm-*.yaml), the raw manifests under deploy/kubernetes,
 and the localvol binary: `localvol serve --help` and `controller --help` for
 the flags, `localvol config check` for every driver config (the config rules
-live in src/config/ only; this script has none of its own).
+live in src/config/ only; this script has none of its own) and, with
+--storage-class and --snapshot-class, for the parameters of every class of
+the driver (CreateVolume's and CreateSnapshot's own decoding,
+src/service/classes.rs: no copy of a parameter rule here either).
 
 Its own tests: deploy/tools/test_validate.py.
 
@@ -373,44 +376,6 @@ VSC_SCHEMA = {
     },
 }
 
-def format_problems(params, pool, fs):
-    """What CreateVolume would refuse in a class's format.* parameters
-    (src/blockdev/format.rs, src/service/controller/decode.rs)."""
-    fmt = {k: v for k, v in params.items() if k.startswith("format.")}
-    if not fmt:
-        return []
-    out = []
-    if pool["type"] != "lvm":
-        out.append("format.* parameters need an LVM pool")
-    kinds = {k.split(".")[1] for k in fmt}
-    if len(kinds) > 1:
-        out.append("format.xfs.* and format.ext4.* together")
-    want = fs or pool.get("defaultFsType", "ext4")
-    for k, v in fmt.items():
-        kind = k.split(".")[1]
-        if kind != want:
-            out.append(f"{k} on a {want} class")
-        if kind == "xfs" and v not in ("true", "false"):
-            out.append(f"{k} {v!r} (\"true\" | \"false\")")
-        if kind == "ext4":
-            items = str(v).split(",")
-            names = [i[1:] if i.startswith("^") else i for i in items]
-            bad = [i for i, n in zip(items, names) if n not in EXT4_FEATURES]
-            if bad or not v:
-                out.append(f"{k}: {', '.join(bad) or 'empty'} not in {sorted(EXT4_FEATURES)}")
-            if len(set(names)) != len(names):
-                out.append(f"{k} names a feature twice")
-    return out
-
-
-SC_PARAMS = re.compile(r"^(pool|inodeLimit|encryption|format\.xfs\.(nrext64|bigtime|inobtcount|reflink)"
-                       r"|format\.ext4\.features|csi\.storage\.k8s\.io/.+)$")
-# format.ext4.features' allow-list (src/blockdev/format.rs), each optionally ^-prefixed.
-EXT4_FEATURES = {"64bit", "metadata_csum", "metadata_csum_seed", "orphan_file", "huge_file",
-                 "large_dir", "extra_isize", "dir_nlink"}
-# The node-stage secret field holding an encrypted volume's key (src/crypt.rs).
-KEY_FIELD = "encryptionKey"
-VSC_PARAMS = re.compile(r"^(snapshotSize|csi\.storage\.k8s\.io/.+)$")
 # /sys/fs/cgroup: the node's cgroup v2 tree, where LVM volumes' IO limits go.
 LVM_HOST_PATHS = ["/dev", "/etc/lvm", "/run/lvm", "/run/lock/lvm", "/run/udev", "/sys/fs/cgroup"]
 # kubelet's probes judge liveness, not latency (a loaded node once
@@ -568,6 +533,37 @@ def config_check(binary, render, text):
     out = (r.stdout.strip() or r.stderr.strip()).replace(f.name, "config.yaml")
     return R.check(r.returncode == 0, f"{render}: `localvol config check` accepts its config.yaml"
                    + (f" ({out.split(': ok, ', 1)[-1]})" if r.returncode == 0 else ""), out)
+
+
+CLASS_LINE = re.compile(r"(StorageClass|VolumeSnapshotClass) (\S+): (?:ok, .*|refused: (.*))$")
+
+
+def class_check(binary, render_path, cfg_text):
+    """`localvol config check --storage-class --snapshot-class` on a render:
+    its classes of DRIVER decoded as CreateVolume and CreateSnapshot decode
+    them, on the pools of the render's config (src/service/classes.rs; this
+    script has no parameter rules of its own). Returns ({(kind, name):
+    problems} for each class the binary checked, None), or (None, why) when
+    it could not check them."""
+    with tempfile.NamedTemporaryFile("w", suffix=".yaml", prefix="config-") as f:
+        f.write(cfg_text)
+        f.flush()
+        r = subprocess.run([binary, "config", "check", f.name, "--driver-name", DRIVER,
+                            "--storage-class", render_path, "--snapshot-class", render_path],
+                           capture_output=True, text=True)
+    if r.returncode not in (0, 1):   # 2: clap's usage error, e.g. a binary without the flags
+        raise SystemExit(f"validate.py: {binary} config check --storage-class: exit "
+                         f"{r.returncode}: {r.stderr.strip()}")
+    verdicts = {}
+    for line in r.stdout.splitlines():
+        m = CLASS_LINE.match(line[len(render_path) + 2:]) if line.startswith(render_path + ": ") else None
+        if m:
+            problems = verdicts.setdefault((m[1], m[2]), [])
+            if m[3] is not None:
+                problems.append(m[3])
+    if r.returncode == 1 and not any(verdicts.values()):
+        return None, r.stderr.strip() or r.stdout.strip()
+    return verdicts, None
 
 
 def check_pool_mounts(render, cfg, pod, localvol):
@@ -1086,7 +1082,19 @@ def immediate_binding_problems(sidecars):
     return out
 
 
-def check_classes(render, docs, pools, sidecars, shipped, static_classes=frozenset()):
+def class_problems(verdicts, why, kind, name):
+    """The driver's verdict on one class of a render (see class_check)."""
+    if verdicts is None:
+        return [f"parameters not checked: {why}"]
+    if (kind, name) not in verdicts:
+        return [f"`localvol config check` did not check {kind} {name}"]
+    return verdicts[(kind, name)]
+
+
+def check_classes(render, docs, sidecars, shipped, verdicts, why, static_classes=frozenset()):
+    """The render's CSIDriver and classes: what the deployment requires of
+    them here, and each class's parameters as the driver judges them
+    (`verdicts`, `why`: class_check's answer)."""
     d = by_kind(docs, "CSIDriver")
     # Ephemeral (inline volumes) needs podInfoOnMount: kubelet passes
     # csi.storage.k8s.io/ephemeral, which tells the two modes apart, only then.
@@ -1121,35 +1129,8 @@ def check_classes(render, docs, pools, sidecars, shipped, static_classes=frozens
             continue
         if s.get("provisioner") != DRIVER:
             problems.append(f"provisioner {s.get('provisioner')}")
-        problems += [f"unknown parameter {k}" for k in params if not SC_PARAMS.match(k)]
-        pool = pools.get(params.get("pool")) if pools is not None else None
-        if pool is None:
-            problems.append(f"pool {params.get('pool')!r} is not in the driver config")
         else:
-            fs = params.get("csi.storage.k8s.io/fstype")
-            if pool["type"] == "lvm" and fs not in (None, "ext4", "xfs"):
-                problems.append(f"fstype {fs} (ext4 | xfs)")
-            if pool["type"] == "dir" and fs:
-                problems.append("fstype on a directory pool")
-            if "inodeLimit" in params and (pool["type"] != "dir" or pool.get("quota") == "off"):
-                problems.append("inodeLimit needs a dir pool with quotas")
-            problems += format_problems(params, pool, fs)
-            if "encryption" in params:
-                if params["encryption"] != "luks2":
-                    problems.append(f"encryption {params['encryption']!r} (luks2)")
-                if pool["type"] != "lvm":
-                    problems.append("encryption needs an LVM pool")
-                name = params.get("csi.storage.k8s.io/node-stage-secret-name")
-                ns = params.get("csi.storage.k8s.io/node-stage-secret-namespace")
-                if not name or not ns:
-                    problems.append("encryption without csi.storage.k8s.io/node-stage-secret-name "
-                                    "and -namespace (the key's Secret)")
-                secret = next((d for d in by_kind(docs, "Secret")
-                               if d["metadata"]["name"] == name
-                               and d["metadata"].get("namespace") == ns), None)
-                if secret is not None and KEY_FIELD not in {**secret.get("data", {}),
-                                                            **secret.get("stringData", {})}:
-                    problems.append(f"Secret {ns}/{name} has no {KEY_FIELD}")
+            problems += class_problems(verdicts, why, "StorageClass", n)
         if s.get("volumeBindingMode", "Immediate") == "Immediate":
             problems += immediate_binding_problems(sidecars)
         if shipped:
@@ -1159,15 +1140,15 @@ def check_classes(render, docs, pools, sidecars, shipped, static_classes=frozens
                 problems.append("allowVolumeExpansion is not true")
         R.check(not problems, f"{render}: StorageClass {n} (pool {params.get('pool')})", "; ".join(problems))
     vscs = by_kind(docs, "VolumeSnapshotClass")
-    has_lvm = pools is not None and any(p.get("type") == "lvm" for p in pools.values())
-    R.check(bool(vscs) == ("csi-snapshotter" in sidecars) and (not vscs or has_lvm),
-            f"{render}: VolumeSnapshotClasses only with the csi-snapshotter sidecar and LVM pools "
-            f"({len(vscs)} classes, snapshotter {'csi-snapshotter' in sidecars}, LVM {has_lvm})")
+    R.check(bool(vscs) == ("csi-snapshotter" in sidecars),
+            f"{render}: VolumeSnapshotClasses only with the csi-snapshotter sidecar "
+            f"({len(vscs)} classes, snapshotter {'csi-snapshotter' in sidecars})")
     for v in vscs:
-        bad = [k for k in v.get("parameters", {}) if not VSC_PARAMS.match(k)]
-        R.check(v.get("driver") == DRIVER and not bad,
-                f"{render}: VolumeSnapshotClass {v['metadata']['name']} is for {DRIVER}",
-                f"driver {v.get('driver')}, unknown parameters {bad}")
+        n = v["metadata"]["name"]
+        problems = ([f"driver {v.get('driver')}"] if v.get("driver") != DRIVER
+                    else class_problems(verdicts, why, "VolumeSnapshotClass", n))
+        R.check(not problems, f"{render}: VolumeSnapshotClass {n} is for {DRIVER} and the driver "
+                "takes its parameters (and some pool takes snapshots)", "; ".join(problems))
 
 
 def check_render(render, path, help_info, shipped, chelp, binary):
@@ -1180,9 +1161,11 @@ def check_render(render, path, help_info, shipped, chelp, binary):
     ds = dss[0]
     localvol, cfg_text, socket_vol = check_localvol(render, ds, docs, help_info)
     cfg, pools = None, None
+    verdicts, why = None, "the render has no driver config the driver accepts"
     if cfg_text is not None and config_check(binary, render, cfg_text):
         cfg = yaml.safe_load(cfg_text)
         pools = check_pool_mounts(render, cfg, ds["spec"]["template"]["spec"], localvol)
+        verdicts, why = class_check(binary, path, cfg_text)
     kdir = "/var/lib/kubelet"
     if localvol:
         for a in localvol.get("args", []):
@@ -1204,7 +1187,7 @@ def check_render(render, path, help_info, shipped, chelp, binary):
     lvm = any(p.get("type") == "lvm" for p in (pools or {}).values())
     check_rbac(render, docs, ds, sidecars, api_user, controller, lvm)
     check_cluster_defaults(render, docs, ds, controller, shipped)
-    check_classes(render, docs, pools, sidecars, shipped, static)
+    check_classes(render, docs, sidecars, shipped, verdicts, why, static)
     return docs
 
 

@@ -51,6 +51,15 @@ pub(super) fn content_source(
     }
 }
 
+/// The filesystem of a new mount volume of a pool that makes them: the
+/// capability's fsType, else the pool's `default`.
+pub(super) fn chosen_fs(caps: &[Capability], default: FsType) -> Result<FsType> {
+    Ok(match caps[0].fs_type.as_str() {
+        "" => default,
+        t => FsType::parse(t)?,
+    })
+}
+
 /// Raises the smallest size a mount volume of a formatting pool may have to
 /// what its filesystem can be made on (and, encrypted, the LUKS header
 /// beside it), within the request's limit. Without this a 64Mi XFS claim
@@ -74,10 +83,7 @@ pub(super) fn fit_filesystem(
     if access != AccessType::Mount {
         return Ok(range);
     }
-    let fs = match caps[0].fs_type.as_str() {
-        "" => default,
-        t => FsType::parse(t)?,
-    };
+    let fs = chosen_fs(caps, default)?;
     let mut min = fs.min_device_bytes();
     if min == 0 || from_source {
         return Ok(range);
@@ -132,10 +138,7 @@ pub(super) fn format_context(
     if access != AccessType::Mount {
         return Ok(vec![]);
     }
-    let fs = match caps[0].fs_type.as_str() {
-        "" => default,
-        t => FsType::parse(t)?,
-    };
+    let fs = chosen_fs(caps, default)?;
     opts.check_for(fs)
         .map_err(|e| Refusal::Unfit(e.to_string()))?;
     Ok(opts.to_context())

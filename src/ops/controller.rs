@@ -5,10 +5,11 @@ use std::future::Future;
 use std::sync::Arc;
 
 use super::checks::{
-    access_type_of, content_source, fit_filesystem, format_context, refuse_io_limits,
+    access_type_of, chosen_fs, content_source, fit_filesystem, format_context, refuse_io_limits,
 };
 use super::{lock, lock_new, page, unfit, Capability, Page, PoolParams, Refusal, Result};
 use super::{OpError, VolumeEntry};
+use crate::blockdev::FsType;
 use crate::driver::{Driver, Kind};
 use crate::ids::{truncate, ParsedId, PoolName, VolumeId, VolumeName};
 use crate::iolimit::IoLimits;
@@ -41,9 +42,52 @@ pub struct Created {
     pub format: Vec<(String, String)>,
 }
 
-/// CreateVolume: the pool (named, the source's, or the default), the
-/// request checked against it, then [`create_named`].
-pub async fn create_volume(d: &Driver, req: NewVolume) -> Result<Created> {
+/// What CreateVolume decided before it locks or makes anything.
+pub struct Planned {
+    pool: Arc<dyn Pool>,
+    create: CreateRequest,
+    /// The class's format options, for the volume context.
+    format: Vec<(String, String)>,
+    /// The filesystem the volume is made with (None: a block volume, or a
+    /// pool that makes none).
+    fs: Option<FsType>,
+}
+
+impl Planned {
+    /// The pool, its backend and what the volume gets, in words: `pool
+    /// fast (lvm-thin), mount, xfs with format.xfs.reflink=false`.
+    pub fn describe(&self) -> String {
+        let mut out = format!(
+            "pool {} ({}), {:?}",
+            self.pool.name(),
+            self.pool.backend(),
+            self.create.access_type
+        )
+        .to_lowercase();
+        if let Some(fs) = self.fs {
+            out += &format!(", {}", fs.as_str());
+        }
+        if !self.format.is_empty() {
+            let opts: Vec<String> = self
+                .format
+                .iter()
+                .map(|(k, v)| format!("{k}={v}"))
+                .collect();
+            out += &format!(" with {}", opts.join(" "));
+        }
+        if self.create.encryption.is_some() {
+            out += ", encrypted";
+        }
+        out
+    }
+}
+
+/// CreateVolume's checks, in its order, with nothing locked, looked up or
+/// made: the pool (named, the source's, or the default), the request
+/// checked against it (parameters, IO limits, access type, format options,
+/// the filesystem's smallest size) and the topology. `localvol config check
+/// --storage-class` runs it on pools that are not opened.
+pub fn plan_volume(d: &Driver, req: NewVolume) -> Result<Planned> {
     let NewVolume {
         name,
         caps,
@@ -66,6 +110,9 @@ pub async fn create_volume(d: &Driver, req: NewVolume) -> Result<Created> {
             pool.backend()
         ));
     }
+    if let Some(why) = params.inode_limit.and_then(|_| pool.inode_limit_refused()) {
+        return unfit(why);
+    }
     refuse_io_limits(pool.as_ref(), &io_limits)?;
     let access_type = access_type_of(&caps, pool.as_ref())?;
     let format = format_context(&params.format, &caps, access_type, pool.as_ref())?;
@@ -78,18 +125,16 @@ pub async fn create_volume(d: &Driver, req: NewVolume) -> Result<Created> {
         encrypted,
         content.is_some(),
     )?;
+    let fs = match pool.default_fs_type() {
+        Some(default) if access_type == AccessType::Mount => Some(chosen_fs(&caps, default)?),
+        _ => None,
+    };
     check_topology(d, &topology)?;
     let source = content_source(pool.as_ref(), content)?;
-    let id = VolumeId::new(pool.name().clone(), &name);
-    let key = id.key.as_str().to_owned();
-    let src = match &source {
-        Some(ContentSource::Snapshot(s) | ContentSource::Volume(s)) => Some(s.clone()),
-        None => None,
-    };
     let create = CreateRequest {
         source,
-        id,
-        name: name.clone(),
+        id: VolumeId::new(pool.name().clone(), &name),
+        name,
         range,
         access_type,
         inode_limit: params.inode_limit,
@@ -97,9 +142,36 @@ pub async fn create_volume(d: &Driver, req: NewVolume) -> Result<Created> {
         encryption: params.encryption,
         io_limits,
     };
-    let vol = create_named(d, &pool, Kind::Volume, &name, &key, src.as_ref(), || {
-        pool.create(&create)
+    Ok(Planned {
+        pool,
+        create,
+        format,
+        fs,
     })
+}
+
+/// CreateVolume: [`plan_volume`], then [`create_named`].
+pub async fn create_volume(d: &Driver, req: NewVolume) -> Result<Created> {
+    let Planned {
+        pool,
+        create,
+        format,
+        ..
+    } = plan_volume(d, req)?;
+    let key = create.id.key.as_str().to_owned();
+    let src = match &create.source {
+        Some(ContentSource::Snapshot(s) | ContentSource::Volume(s)) => Some(s.clone()),
+        None => None,
+    };
+    let vol = create_named(
+        d,
+        &pool,
+        Kind::Volume,
+        &create.name,
+        &key,
+        src.as_ref(),
+        || pool.create(&create),
+    )
     .await?;
     Ok(Created {
         entry: VolumeEntry::of(d, vol),

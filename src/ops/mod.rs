@@ -32,8 +32,8 @@ mod tests;
 pub use change::{expand_volume, modify_volume, Cluster, Expand, Modify};
 pub use controller::{
     capacity, create_snapshot, create_volume, delete_snapshot, delete_volume, list_snapshots,
-    list_volumes, offers_snapshots, snapshots_offered, validate, CapacityQuery, ListPage,
-    NewSnapshot, NewVolume, SnapshotFilter,
+    list_volumes, offers_snapshots, plan_volume, snapshots_offered, validate, CapacityQuery,
+    ListPage, NewSnapshot, NewVolume, SnapshotFilter,
 };
 pub use ephemeral::{publish_ephemeral, NewEphemeral};
 pub use metadata::{metadata_allocated, metadata_delta, Allocated, BlockPages, Delta, Paging};

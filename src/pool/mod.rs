@@ -398,6 +398,11 @@ impl fmt::Display for Backend {
     }
 }
 
+/// Why a pool of `backend` (not a dir pool) refuses an inode limit.
+fn not_a_dir_pool(pool: &PoolName, backend: Backend) -> String {
+    format!("inodeLimit applies to dir pools; pool {pool} is {backend}")
+}
+
 /// What the node side needs of a volume's pool: where its data is, how to
 /// make it usable here, and its health and usage for NodeGetVolumeStats.
 /// Every pool is one ([`Pool`] requires it); the defaults are what a pool
@@ -490,6 +495,12 @@ pub trait Pool: NodeSide {
     /// and the disk's, not the volume's, so dir pools refuse them.
     fn limits_io(&self) -> bool {
         false
+    }
+    /// Why a volume of this pool cannot have an inode limit (StorageClass
+    /// `inodeLimit`); None: it can. Only a dir pool whose filesystem
+    /// enforces project quotas counts a volume's files.
+    fn inode_limit_refused(&self) -> Option<String> {
+        Some(not_a_dir_pool(self.name(), self.backend()))
     }
     /// Records new IO limits of a volume (a pool that [`Pool::limits_io`];
     /// the node puts them in place).

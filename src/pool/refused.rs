@@ -4,8 +4,11 @@
 //! reason until the pool opens (`set.rs`). Nothing is answered as if the
 //! pool were empty: a DeleteVolume must not succeed for a volume that may
 //! be on the disks. It offers what its backend offers (snapshots,
-//! encryption, node-side expansion), so that the driver's capabilities do
-//! not change when the pool opens later.
+//! encryption, node-side expansion, access types, IO limits, the default
+//! filesystem), so that the driver's capabilities do not change when the
+//! pool opens later, and so that a request is checked against it as its
+//! opened pool would check it (`Pools::unopened`: `localvol config check
+//! --storage-class`). The tests hold each answer to the opened pool's.
 
 use std::sync::Mutex;
 
@@ -16,25 +19,39 @@ use super::{
     Health, MappedSnapshot, NodeSide, Pool, PoolError, Result, Snapshot, SnapshotRequest,
     Snapshots, Source, Unusable, Volume,
 };
-use crate::config::PoolConfig;
+use crate::blockdev::FsType;
+use crate::config::{PoolConfig, QuotaMode};
 use crate::ids::{PoolName, VolumeId};
 
 pub struct RefusedPool {
     name: PoolName,
     backend: Backend,
+    /// An LVM pool's `defaultFsType`.
+    default_fs: Option<FsType>,
+    /// A dir pool with `quota: off` (its volumes take no inode limit).
+    quota_off: bool,
     why: Mutex<Unusable>,
 }
 
 impl RefusedPool {
     pub fn new(cfg: &PoolConfig, why: Unusable) -> Self {
-        let backend = match cfg {
-            PoolConfig::Dir(_) => Backend::Dir,
-            PoolConfig::Lvm(c) if c.thin_pool_name().is_some() => Backend::LvmThin,
-            PoolConfig::Lvm(_) => Backend::Lvm,
+        let (backend, default_fs, quota_off) = match cfg {
+            PoolConfig::Dir(d) => (Backend::Dir, None, d.quota == QuotaMode::Off),
+            PoolConfig::Lvm(l) => (
+                match l.thin_pool {
+                    Some(_) => Backend::LvmThin,
+                    None => Backend::Lvm,
+                },
+                // The config refuses any other name (`LvmPoolConfig::validate`).
+                FsType::parse(&l.default_fs_type).ok(),
+                false,
+            ),
         };
         RefusedPool {
             name: cfg.name().clone(),
             backend,
+            default_fs,
+            quota_off,
             why: Mutex::new(why),
         }
     }
@@ -65,6 +82,9 @@ impl NodeSide for RefusedPool {
     fn source(&self, _vol: &Volume) -> Result<Source> {
         Err(self.err())
     }
+    fn default_fs_type(&self) -> Option<FsType> {
+        self.default_fs
+    }
 }
 
 #[async_trait]
@@ -79,14 +99,28 @@ impl Pool for RefusedPool {
     fn storage_id(&self) -> Option<&crate::ids::StorageId> {
         None
     }
-    fn supports(&self, _access: AccessType) -> bool {
-        true
+    fn supports(&self, access: AccessType) -> bool {
+        self.lvm() || access == AccessType::Mount
     }
     fn expands_on_node(&self) -> bool {
         self.lvm()
     }
     fn encrypts(&self) -> bool {
         self.lvm()
+    }
+    fn limits_io(&self) -> bool {
+        self.lvm()
+    }
+    /// A dir pool with `quota: auto` or `required` may take inode limits:
+    /// whether its filesystem enforces quotas is known once it opens.
+    fn inode_limit_refused(&self) -> Option<String> {
+        match self.backend {
+            Backend::Dir if self.quota_off => {
+                Some(super::dir::no_inode_limit(&self.name, "quota: off"))
+            }
+            Backend::Dir => None,
+            _ => Some(super::not_a_dir_pool(&self.name, self.backend)),
+        }
     }
     fn snapshots(&self) -> Option<&dyn Snapshots> {
         self.lvm().then_some(self as &dyn Snapshots)
@@ -148,4 +182,23 @@ impl BlockMaps for RefusedPool {
     ) -> Result<Box<dyn Extents>> {
         Err(self.err())
     }
+}
+
+/// The answers a request is checked against, of a pool's stand-in and of
+/// the pool opened from the same config, side by side (`inode`: whether
+/// the opened pool's inode-limit answer is known from its config alone).
+#[cfg(test)]
+pub(super) fn assert_answers_as_opened(cfg: &PoolConfig, opened: &dyn Pool, inode: bool) {
+    let refused = RefusedPool::new(cfg, Unusable::NotOpened);
+    let answers = |p: &dyn Pool| {
+        (
+            p.backend(),
+            [AccessType::Mount, AccessType::Block].map(|a| p.supports(a)),
+            (p.expands_on_node(), p.encrypts(), p.limits_io()),
+            p.default_fs_type(),
+            p.snapshots().is_some(),
+            inode.then(|| p.inode_limit_refused()),
+        )
+    };
+    assert_eq!(answers(&refused), answers(opened), "pool {}", cfg.name());
 }

@@ -36,6 +36,19 @@ struct Slot {
 }
 
 impl Slot {
+    /// A pool not opened (yet), not looked at: its stand-in answers.
+    fn new(pc: &PoolConfig) -> Self {
+        let waiting = Arc::new(RefusedPool::new(pc, Unusable::NotOpened));
+        Slot {
+            config: pc.clone(),
+            opened: OnceLock::new(),
+            waiting_dyn: waiting.clone(),
+            waiting,
+            usable: AtomicBool::new(true),
+            why: Mutex::new(None),
+        }
+    }
+
     fn current(&self) -> &Arc<dyn Pool> {
         self.opened.get().unwrap_or(&self.waiting_dyn)
     }
@@ -73,21 +86,28 @@ async fn open_one(pc: &PoolConfig) -> std::result::Result<Arc<dyn Pool>, Unusabl
 }
 
 impl Pools {
+    /// The pools of `cfg` without opening any: each is its stand-in
+    /// ([`RefusedPool`]), which answers what its backend offers (the
+    /// checks of a new volume's request) and refuses every call, and none
+    /// has been looked at. Nothing on the node is read or touched: `localvol
+    /// config check` checks classes against them.
+    pub fn unopened(cfg: &Config) -> Self {
+        Pools {
+            slots: (cfg.pools.iter())
+                .map(|pc| (pc.name().clone(), Slot::new(pc)))
+                .collect(),
+            order: cfg.pools.iter().map(|p| p.name().clone()).collect(),
+            default: cfg.default_pool().clone(),
+        }
+    }
+
     /// Opens every configured pool. One that cannot open is logged and
     /// waits, unusable, for [`Pools::reopen`]; the others serve.
     pub async fn open(cfg: &Config) -> Self {
         let mut slots = HashMap::new();
         let mut order = Vec::new();
         for pc in &cfg.pools {
-            let waiting = Arc::new(RefusedPool::new(pc, Unusable::NotOpened));
-            let slot = Slot {
-                config: pc.clone(),
-                opened: OnceLock::new(),
-                waiting_dyn: waiting.clone(),
-                waiting,
-                usable: AtomicBool::new(true),
-                why: Mutex::new(None),
-            };
+            let slot = Slot::new(pc);
             match open_one(pc).await {
                 Ok(pool) => {
                     tracing::info!(pool = %pc.name(), backend = pool.backend().as_str(), "pool opened");

@@ -22,6 +22,7 @@ use crate::ids::{truncate, PoolName, StorageId, STORAGE_ID_KEY};
 pub use crate::ops::{Capability, PoolParams, PARAM_ENCRYPTION};
 use crate::pool::{AccessMode, AccessType, Encryption};
 
+pub mod classes;
 pub mod controller;
 pub mod gate;
 pub mod identity;

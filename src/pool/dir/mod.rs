@@ -56,6 +56,11 @@ use records::{
 };
 
 const RECORD_VERSION: u32 = 1;
+
+/// Why a dir pool that enforces no quotas (`why`) refuses an inode limit.
+pub(super) fn no_inode_limit(pool: &PoolName, why: &str) -> String {
+    format!("pool {pool} does not enforce quotas ({why}); inodeLimit cannot be honoured")
+}
 /// Volume sizes are rounded up to whole 4 KiB blocks.
 const BLOCK: u64 = 4096;
 /// Project ids localvol picks from: high enough to stay clear of ids an
@@ -361,6 +366,17 @@ impl Pool for DirPool {
         access == AccessType::Mount
     }
 
+    fn inode_limit_refused(&self) -> Option<String> {
+        self.quotas.is_none().then(|| {
+            no_inode_limit(
+                &self.name,
+                self.unenforced_reason
+                    .as_deref()
+                    .unwrap_or("no quota support"),
+            )
+        })
+    }
+
     async fn health(&self) -> Health {
         let dir = self.volumes_dir.clone();
         let opened = self.volumes_identity;
@@ -381,14 +397,8 @@ impl Pool for DirPool {
         if let Some(existing) = existing {
             return super::matches_request(existing, req, true);
         }
-        if req.inode_limit.is_some() && self.quotas.is_none() {
-            return Err(PoolError::UnsupportedParameter(format!(
-                "pool {} does not enforce quotas ({}); inodeLimit cannot be honoured",
-                self.name,
-                self.unenforced_reason
-                    .as_deref()
-                    .unwrap_or("no quota support")
-            )));
+        if let Some(why) = req.inode_limit.and_then(|_| self.inode_limit_refused()) {
+            return Err(PoolError::UnsupportedParameter(why));
         }
         let size = self.size_for(req.range)?;
         let what = format!("volume {}", req.name.as_str());

@@ -37,6 +37,20 @@ fn req(name: &str, required: u64) -> CreateRequest {
 }
 
 #[tokio::test]
+async fn its_stand_in_answers_as_it_does() {
+    // What a request is checked against before the pool opens, and by
+    // `localvol config check --storage-class`. Whether `quota: auto` takes
+    // inode limits depends on the filesystem, known once the pool opens.
+    let d = tempfile::tempdir().unwrap();
+    for quota in [QuotaMode::Off, QuotaMode::Auto] {
+        let c = cfg(d.path(), quota);
+        let pool = DirPool::open(c.clone()).await.unwrap();
+        let cfg = crate::config::PoolConfig::Dir(c);
+        crate::pool::refused::assert_answers_as_opened(&cfg, &pool, quota == QuotaMode::Off);
+    }
+}
+
+#[tokio::test]
 async fn storage_id_is_written_once_and_kept_across_opens() {
     let d = tempfile::tempdir().unwrap();
     // A temp file of a first write a crash cut short.

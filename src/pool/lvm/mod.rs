@@ -597,11 +597,8 @@ impl Pool for LvmPool {
     }
 
     async fn create(&self, req: &CreateRequest) -> Result<Volume> {
-        if req.inode_limit.is_some() {
-            return Err(PoolError::UnsupportedParameter(format!(
-                "inodeLimit applies to dir pools; pool {} is LVM",
-                self.name
-            )));
+        if let Some(why) = req.inode_limit.and_then(|_| self.inode_limit_refused()) {
+            return Err(PoolError::UnsupportedParameter(why));
         }
         if let Some(src) = &req.source {
             return self.create_from(req, src).await;

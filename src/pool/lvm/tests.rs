@@ -61,6 +61,20 @@ fn request(name: &str, access: AccessType) -> CreateRequest {
 }
 
 #[test]
+fn its_stand_in_answers_as_it_does() {
+    // What a request is checked against before the pool opens, and by
+    // `localvol config check --storage-class`.
+    for (name, thin) in [("thick", None), ("thin", Some("tp"))] {
+        let thin_line = thin.map_or(String::new(), |t| format!("thinPool: {t}\n"));
+        let cfg: crate::config::PoolConfig = serde_norway::from_str(&format!(
+            "type: lvm\nname: {name}\nvolumeGroup: fxvg\n{thin_line}defaultFsType: ext4\n"
+        ))
+        .unwrap();
+        crate::pool::refused::assert_answers_as_opened(&cfg, &pool(name, thin), true);
+    }
+}
+
+#[test]
 fn an_lv_is_a_volume_only_when_its_tags_say_so() {
     let p = pool("thin", Some("tp"));
     let lv_name = format!("lv-{KEY}");

@@ -43,7 +43,9 @@ pub(super) fn decode_io_change(params: &HashMap<String, String>) -> Result<IoCha
 /// thick (copy-on-write) snapshot's changes.
 pub const PARAM_SNAPSHOT_SIZE: &str = "snapshotSize";
 
-pub(super) fn decode_snapshot_params(params: &HashMap<String, String>) -> Result<Option<u64>> {
+pub(in crate::service) fn decode_snapshot_params(
+    params: &HashMap<String, String>,
+) -> Result<Option<u64>> {
     let mut cow = None;
     for (k, v) in params {
         if k == PARAM_SNAPSHOT_SIZE {

@@ -14,6 +14,7 @@ use crate::ids::{check_text, VolumeId, VolumeName, STORAGE_ID_KEY};
 use crate::ops::{self, Cluster, Refusal, VolumeEntry};
 
 mod decode;
+pub(super) use decode::decode_snapshot_params;
 use decode::*;
 
 pub struct ControllerService {
@@ -65,7 +66,9 @@ fn decode_topology(req: Option<&csi::TopologyRequirement>) -> Vec<Option<String>
         .collect()
 }
 
-fn decode_new_volume(req: &csi::CreateVolumeRequest) -> Result<ops::NewVolume> {
+/// A CreateVolumeRequest decoded (also `localvol config check`'s, for a
+/// StorageClass: `super::classes`).
+pub(super) fn decode_new_volume(req: &csi::CreateVolumeRequest) -> Result<ops::NewVolume> {
     Ok(ops::NewVolume {
         name: VolumeName::parse(&req.name)?,
         caps: decode_capabilities(&req.volume_capabilities)?,
