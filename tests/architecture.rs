@@ -184,14 +184,25 @@ fn no_import_cycle_between_modules() {
     }
 }
 
-/// Files whose (non-test) code mentions `needle`, outside `allowed` modules.
-fn offenders(needles: &[&str], allowed: &[&str]) -> Vec<String> {
+/// The files a rule looks at (`scope`) whose (non-test) code breaks it
+/// (`breaks`), by path: every rule below is one call.
+fn offenders_where(
+    scope: impl Fn(&Source) -> bool,
+    breaks: impl Fn(&Source) -> bool,
+) -> Vec<String> {
     sources()
         .into_iter()
-        .filter(|s| !allowed.contains(&s.module.as_str()))
-        .filter(|s| needles.iter().any(|n| s.code.contains(n)))
+        .filter(|s| scope(s) && breaks(s))
         .map(|s| s.path)
         .collect()
+}
+
+/// Files whose (non-test) code mentions a needle, outside `allowed` modules.
+fn offenders(needles: &[&str], allowed: &[&str]) -> Vec<String> {
+    offenders_where(
+        |s| !allowed.contains(&s.module.as_str()),
+        |s| needles.iter().any(|n| s.code.contains(n)),
+    )
 }
 
 #[test]
@@ -254,15 +265,13 @@ fn the_services_take_no_lock_call_no_pool_and_write_no_cgroup() {
         "iolimit::enforce",
     ];
     let layers = ["locks::", "nodeops::", "pool::Pool"];
-    let found: Vec<_> = sources()
-        .into_iter()
-        .filter(|s| s.module == "service")
-        .filter(|s| {
+    let found = offenders_where(
+        |s| s.module == "service",
+        |s| {
             calls.iter().any(|n| names(&s.code, n))
                 || (!s.path.ends_with("status.rs") && layers.iter().any(|n| s.code.contains(n)))
-        })
-        .map(|s| s.path)
-        .collect();
+        },
+    );
     assert!(
         found.is_empty(),
         "locks, pool calls, the node pipeline or cgroup writes in service/ (they belong in ops/): {found:?}"
@@ -273,31 +282,24 @@ fn the_services_take_no_lock_call_no_pool_and_write_no_cgroup() {
 fn the_operations_layer_sees_no_grpc_and_locks_in_one_place() {
     // ops/ takes decoded values and returns domain values and `OpError`;
     // its one lock function (`ops/mod.rs`) is the only place an RPC locks.
-    let ops: Vec<_> = sources()
-        .into_iter()
-        .filter(|s| s.module == "ops")
-        .collect();
-    assert!(!ops.is_empty(), "no src/ops/");
-    let grpc: Vec<_> = ops
-        .iter()
-        .filter(|s| {
+    assert!(sources().iter().any(|s| s.module == "ops"), "no src/ops/");
+    let grpc = offenders_where(
+        |s| s.module == "ops",
+        |s| {
             ["tonic", "crate::csi", "csi::", "prost"]
                 .iter()
                 .any(|n| s.code.contains(n))
-        })
-        .map(|s| s.path.clone())
-        .collect();
+        },
+    );
     assert!(grpc.is_empty(), "gRPC or proto types in ops/: {grpc:?}");
-    let locks: Vec<_> = ops
-        .iter()
-        .filter(|s| s.path != "ops/mod.rs")
-        .filter(|s| {
+    let locks = offenders_where(
+        |s| s.module == "ops" && s.path != "ops/mod.rs",
+        |s| {
             ["try_lock", "lock_volume", "lock_with_source", ".locks"]
                 .iter()
                 .any(|n| s.code.contains(n))
-        })
-        .map(|s| s.path.clone())
-        .collect();
+        },
+    );
     assert!(
         locks.is_empty(),
         "locks taken outside ops/mod.rs's `lock`/`lock_new`: {locks:?}"
@@ -306,20 +308,15 @@ fn the_operations_layer_sees_no_grpc_and_locks_in_one_place() {
 
 #[test]
 fn only_command_rs_spawns_processes() {
-    let found = offenders(
-        &["Command::new", "process::Command", "tokio::process"],
-        &["command"],
-    );
-    let found: Vec<_> = found
-        .into_iter()
-        .filter(|f| {
+    let found = offenders_where(
+        |s| s.module != "command",
+        |s| {
             // `Cmd::new` is command.rs's own builder, not a spawn.
-            let code = &sources().into_iter().find(|s| &s.path == f).unwrap().code;
-            code.replace("Cmd::new", "").contains("Command::new")
-                || code.contains("process::Command")
-                || code.contains("tokio::process")
-        })
-        .collect();
+            s.code.replace("Cmd::new", "").contains("Command::new")
+                || s.code.contains("process::Command")
+                || s.code.contains("tokio::process")
+        },
+    );
     assert!(
         found.is_empty(),
         "processes spawned outside command.rs: {found:?}"
@@ -337,12 +334,10 @@ fn only_blockdev_raw_runs_the_programs_that_write_blocks() {
     // The programs that write a device's blocks directly are built (and a
     // leftover copy recognised) in one file.
     let programs = ["wipefs", "dd", "blkdiscard", "shred"].map(|p| format!("Cmd::new(\"{p}\")"));
-    let found: Vec<_> = sources()
-        .into_iter()
-        .filter(|s| s.path != "blockdev/raw.rs")
-        .filter(|s| programs.iter().any(|p| s.code.contains(p.as_str())))
-        .map(|s| s.path)
-        .collect();
+    let found = offenders_where(
+        |s| s.path != "blockdev/raw.rs",
+        |s| programs.iter().any(|p| s.code.contains(p.as_str())),
+    );
     assert!(
         found.is_empty(),
         "wipefs, dd, blkdiscard or shred run outside blockdev/raw.rs: {found:?}"
