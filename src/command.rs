@@ -19,7 +19,7 @@ use std::task::{Context, Poll};
 use std::time::Duration;
 
 use tokio::io::{AsyncRead, AsyncReadExt, ReadBuf};
-use tokio::process::{ChildStdout, Command};
+use tokio::process::{Child, ChildStdout, Command};
 
 /// Default limit for one external command.
 pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(120);
@@ -185,28 +185,36 @@ impl Cmd {
         self.timeout
     }
 
+    /// Spawns the program with its arguments and extra environment, in the
+    /// C locale and killed when its handle is dropped: how every way of
+    /// running one here ([`Cmd::run`], [`Cmd::start`], [`Cmd::stream`])
+    /// starts it.
+    fn spawn(&self, stdin: Stdio, stdout: Stdio, stderr: Stdio) -> Result<Child, CommandError> {
+        let mut cmd = Command::new(&self.program);
+        cmd.args(&self.args)
+            .env("LC_ALL", "C")
+            .stdin(stdin)
+            .stdout(stdout)
+            .stderr(stderr)
+            .kill_on_drop(true);
+        for (k, v) in &self.env {
+            cmd.env(k, v);
+        }
+        cmd.spawn().map_err(|source| CommandError::Spawn {
+            program: self.program.clone(),
+            source,
+        })
+    }
+
     /// Runs the command; a non-zero exit is an error carrying stderr.
     pub async fn run(mut self) -> Result<Output, CommandError> {
-        let mut cmd = Command::new(&self.program);
         let input = if self.stdin.is_some() {
             Stdio::piped()
         } else {
             Stdio::null()
         };
-        cmd.args(&self.args)
-            .env("LC_ALL", "C")
-            .stdin(input)
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .kill_on_drop(true);
-        for (k, v) in &self.env {
-            cmd.env(k, v);
-        }
         tracing::debug!(command = ?self, "running");
-        let mut child = cmd.spawn().map_err(|source| CommandError::Spawn {
-            program: self.program.clone(),
-            source,
-        })?;
+        let mut child = self.spawn(input, Stdio::piped(), Stdio::piped())?;
         let feed = feed_stdin(child.stdin.take(), self.stdin.take());
         let run = async {
             // Fed concurrently with the wait, so a child that reads its
@@ -274,18 +282,8 @@ impl Cmd {
             }
             None => (Stdio::null(), Stdio::null()),
         };
-        let mut cmd = Command::new(&self.program);
-        cmd.args(&self.args)
-            .env("LC_ALL", "C")
-            .stdin(Stdio::null())
-            .stdout(out)
-            .stderr(err)
-            .kill_on_drop(true);
-        for (k, v) in &self.env {
-            cmd.env(k, v);
-        }
         tracing::debug!(command = ?self, "starting");
-        let child = cmd.spawn().map_err(spawn_err)?;
+        let child = self.spawn(Stdio::null(), out, err)?;
         Ok(Running {
             program: self.program,
             child,
@@ -355,21 +353,8 @@ impl Cmd {
     /// ([`Streaming`]); stdin is `/dev/null` (no secret goes to a streamed
     /// program). [`Streaming::finish`] then says how it ended.
     pub fn stream(self) -> Result<Streaming, CommandError> {
-        let mut cmd = Command::new(&self.program);
-        cmd.args(&self.args)
-            .env("LC_ALL", "C")
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .kill_on_drop(true);
-        for (k, v) in &self.env {
-            cmd.env(k, v);
-        }
         tracing::debug!(command = ?self, "streaming");
-        let mut child = cmd.spawn().map_err(|source| CommandError::Spawn {
-            program: self.program.clone(),
-            source,
-        })?;
+        let mut child = self.spawn(Stdio::null(), Stdio::piped(), Stdio::piped())?;
         let (Some(stdout), Some(mut err)) = (child.stdout.take(), child.stderr.take()) else {
             return Err(CommandError::Output {
                 program: self.program,
