@@ -133,6 +133,27 @@ pub fn exited(pid: i32) -> bool {
     }
 }
 
+/// The live (not zombie) members of process group `pgid`: pid and command
+/// name, from /proc.
+pub fn group_members(pgid: i32) -> Vec<(i32, String)> {
+    let Ok(dir) = fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    dir.flatten()
+        .filter_map(|e| {
+            let pid = e.file_name().to_string_lossy().parse::<i32>().ok()?;
+            let stat = fs::read_to_string(e.path().join("stat")).ok()?;
+            // `pid (comm) state ppid pgrp ...`; comm may hold spaces.
+            let (head, rest) = stat.rsplit_once(") ")?;
+            let comm = head.split_once(" (")?.1.to_owned();
+            let mut f = rest.split(' ');
+            let state = f.next()?;
+            let pgrp: i32 = f.nth(1)?.parse().ok()?;
+            (pgrp == pgid && state != "Z").then_some((pid, comm))
+        })
+        .collect()
+}
+
 /// Sends `sig` to `pid`, ignoring a process that is already gone.
 pub fn signal_pid(pid: i32, sig: nix::sys::signal::Signal) {
     let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), sig);

@@ -26,6 +26,21 @@ mod paths;
 const READY_TIMEOUT: Duration = Duration::from_secs(20);
 /// How long a SIGTERMed driver gets to exit.
 const STOP_TIMEOUT: Duration = Duration::from_secs(15);
+/// How long [`Driver::kill9_then`] waits for the killed driver's programs
+/// to end (an lvm run may take minutes in a loaded VM).
+const PROGRAMS_WAIT: Duration = Duration::from_secs(600);
+
+/// What becomes of the programs a killed driver was running
+/// ([`Driver::kill9_then`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Programs {
+    /// They run to their end (lvm, cryptsetup, mkfs complete what they
+    /// began), before the driver starts again.
+    Finish,
+    /// They die with the driver, as the processes of a container die with
+    /// its first process.
+    Kill,
+}
 
 /// The three CSI clients on one channel.
 #[derive(Clone)]
@@ -183,6 +198,9 @@ impl Driver {
         cmd.stdin(Stdio::null())
             .stdout(log.try_clone().unwrap())
             .stderr(log);
+        // A group of its own, with every program it runs: see
+        // [`Driver::kill9_then`].
+        cmd.process_group(0);
         // Never outlive the test process, even when it is killed.
         unsafe {
             cmd.pre_exec(|| {
@@ -267,12 +285,53 @@ impl Driver {
         }
     }
 
-    /// Kills the process with SIGKILL (no chance to clean up) and reaps it.
+    /// Kills the driver alone with SIGKILL (no chance to clean up) and reaps
+    /// it. The programs it runs are left to run on (see [`Driver::kill9_then`]).
     pub fn kill9(&mut self) {
         self.csi = None;
         let mut child = self.child.take().expect("driver is not running");
         let _ = child.kill();
         let _ = child.wait();
+    }
+
+    /// Kills the driver with SIGKILL, then waits until no program it ran
+    /// runs any more, letting them finish ([`Programs::Finish`]) or killing
+    /// them ([`Programs::Kill`]), so that none can change the node under the
+    /// driver started next. Returns the programs that ran at the kill
+    /// (`name[pid]`).
+    pub fn kill9_then(&mut self, programs: Programs) -> Vec<String> {
+        self.csi = None;
+        let mut child = self.child.take().expect("driver is not running");
+        let pgid = child.id() as i32;
+        let group = nix::unistd::Pid::from_raw(pgid);
+        let kill = nix::sys::signal::Signal::SIGKILL;
+        let running: Vec<String> = crate::group_members(pgid)
+            .into_iter()
+            .filter(|(pid, _)| *pid != pgid)
+            .map(|(pid, comm)| format!("{comm}[{pid}]"))
+            .collect();
+        match programs {
+            Programs::Kill => {
+                let _ = nix::sys::signal::killpg(group, kill);
+            }
+            Programs::Finish => {
+                let _ = child.kill();
+            }
+        }
+        let _ = child.wait();
+        let deadline = Instant::now() + PROGRAMS_WAIT;
+        loop {
+            let left = crate::group_members(pgid);
+            if left.is_empty() {
+                break;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "the killed driver's programs still run after {PROGRAMS_WAIT:?}: {left:?}"
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        running
     }
 
     /// Starts the binary (again) with the same dirs, rewriting the config from
@@ -428,7 +487,11 @@ impl Drop for Driver {
     fn drop(&mut self) {
         self.csi = None;
         if let Some(mut child) = self.child.take() {
-            let _ = child.kill();
+            // Its programs too (a failed test may leave one stalled).
+            let _ = nix::sys::signal::killpg(
+                nix::unistd::Pid::from_raw(child.id() as i32),
+                nix::sys::signal::Signal::SIGKILL,
+            );
             let _ = child.wait();
         }
         if std::thread::panicking() {
@@ -437,6 +500,21 @@ impl Drop for Driver {
                 self.log_path().display(),
                 self.log_tail(80)
             );
+            // The whole log, where it outlives the test's temp dir (the VM's
+            // /tmp goes with the guest): `FAULT_DIAG_DIR`.
+            if let Some(dir) = std::env::var_os("FAULT_DIAG_DIR") {
+                let to = Path::new(&dir).join(format!(
+                    "driver-{}-{}.log",
+                    std::process::id(),
+                    std::time::SystemTime::now()
+                        .duration_since(std::time::UNIX_EPOCH)
+                        .map_or(0, |d| d.as_millis())
+                ));
+                match fs::copy(self.log_path(), &to) {
+                    Ok(_) => eprintln!("the whole driver log: {}", to.display()),
+                    Err(e) => eprintln!("could not copy the driver log to {}: {e}", to.display()),
+                }
+            }
         }
         let left = self.unmount_leftovers();
         if !left.is_empty() {

@@ -31,7 +31,7 @@ use localvol::csi;
 use localvol::endpoint::Endpoint;
 use tonic::{Code, Response, Status};
 
-use crate::{create_req, params, range, stage_req, Csi, Driver};
+use crate::{create_req, params, range, stage_req, Csi, Driver, Programs};
 
 mod workers;
 pub use workers::{lifecycle, worker};
@@ -134,6 +134,13 @@ pub struct Knobs {
     /// One step that keeps failing with retryable errors this long is a
     /// failure.
     pub step_deadline: Duration,
+    /// What becomes of the programs the driver runs when it is killed
+    /// (`FAULT_KILL_PROGRAMS=1`: they die with it). By default they finish,
+    /// before the driver starts again. Killing them too, as a container's
+    /// death does, finds states that lvm leaves when it is cut short
+    /// mid-run; the driver does not yet recover from all of them (see
+    /// docs/testing.md).
+    pub programs: Programs,
 }
 
 impl Knobs {
@@ -148,6 +155,11 @@ impl Knobs {
             max_kept: env_u64("FAULT_MAX_KEPT", max_kept),
             rpc_timeout: Duration::from_secs(20),
             step_deadline: Duration::from_secs(120),
+            programs: if env_u64("FAULT_KILL_PROGRAMS", 0) == 1 {
+                Programs::Kill
+            } else {
+                Programs::Finish
+            },
         }
     }
 }
@@ -462,8 +474,9 @@ async fn killer(
         if counters.in_flight.load(Ordering::SeqCst) > 0 {
             mid_call += 1;
         }
-        // kill9 waits for the process: off the runtime's threads.
-        tokio::task::block_in_place(|| d.kill9());
+        // It waits for the process and its programs: off the runtime's
+        // threads.
+        tokio::task::block_in_place(|| d.kill9_then(knobs.programs));
         kills += 1;
         if kills.is_multiple_of(5) {
             let line = format!(

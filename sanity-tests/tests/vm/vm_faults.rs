@@ -279,8 +279,8 @@ async fn random_kills_mid_lifecycle(kind: Kind, encrypted: bool) {
     let seed = knobs.seed;
     eprintln!(
         "{label}: seed {seed} (replay with FAULT_SEED={seed}), kills >= {}, concurrency {}, \
-         kill window {} ms",
-        knobs.kills, knobs.concurrency, knobs.window_ms
+         kill window {} ms, the driver's programs at a kill: {:?}",
+        knobs.kills, knobs.concurrency, knobs.window_ms, knobs.programs
     );
     let started = Instant::now();
     let mut f = Fx::new(kind).await;
@@ -313,7 +313,7 @@ async fn random_kills_mid_lifecycle(kind: Kind, encrypted: bool) {
 
     // One last kill with no call in flight: what follows is what a fresh
     // process finds on the node.
-    f.d.kill9();
+    f.d.kill9_then(knobs.programs);
     f.d.start_again_retrying().await;
     let kept: BTreeSet<String> = out.kept.keys().cloned().collect();
     let when = format!("{label}: seed {seed}, after the kills");
