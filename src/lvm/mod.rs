@@ -37,7 +37,10 @@ pub(crate) use report::{
 #[cfg(test)]
 pub(crate) use run::classify;
 pub(crate) use run::refused_as_held;
-pub(crate) use thin::{release_metadata_snap, reserve_metadata_snap, BlockRuns, Run};
+pub(crate) use thin::{
+    delete_device as delete_thin_device, orphan_device as orphan_thin_device,
+    release_metadata_snap, reserve_metadata_snap, BlockRuns, Run,
+};
 
 use report::{LV_FIELDS, VG_FIELDS};
 use run::{report_args, run};

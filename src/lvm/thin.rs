@@ -78,6 +78,29 @@ pub(crate) async fn release_metadata_snap(pool: &str) -> Result<(), LvmError> {
     message(pool, "release_metadata_snap").await
 }
 
+/// Deletes thin device `id` from the pool's metadata (see
+/// [`orphan_device`]: only a device no LV has).
+pub(crate) async fn delete_device(pool: &str, id: u64) -> Result<(), LvmError> {
+    message(pool, &format!("delete {id}")).await
+}
+
+/// The thin device id an `lvcreate` failed on because the pool's metadata
+/// already holds a device of that id. lvm sends the kernel its message
+/// (`create_thin N`, `create_snap N O`) before it commits the VG's
+/// metadata; an lvm killed between the two leaves device N in the pool and
+/// in no LV, and lvm hands out N again on every later create, which fails
+/// with "Thin pool … already contain thin device with device_id N" until
+/// the device goes.
+pub(crate) fn orphan_device(e: &LvmError) -> Option<u64> {
+    let LvmError::Command(c) = e else {
+        return None;
+    };
+    let stderr = c.stderr();
+    let (_, after) = stderr.split_once("already contain thin device with device_id ")?;
+    let digits: String = after.chars().take_while(char::is_ascii_digit).collect();
+    digits.parse().ok()
+}
+
 /// Consecutive data blocks of a thin device: `length` blocks from `begin`
 /// (in the pool's data blocks, from the device's start).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -1270,3 +1270,83 @@ async fn slow_lvm_is_not_a_broken_pool(kind: Kind) {
     assert_holds_exactly(&f, &BTreeSet::new(), "after the slow spell").await;
     stop_cleanly(&mut f, "after the slow spell").await;
 }
+
+/// lvm sends the kernel its message (`create_thin N`, `create_snap N O`)
+/// before it commits the VG's metadata: an lvcreate killed between the two
+/// (with the driver, as a container's processes die with it) leaves thin
+/// device N in the pool's metadata and in no LV, and every later create
+/// meets it ("already contain thin device with device_id N"; the kill
+/// campaign with FAULT_KILL_PROGRAMS=1 met it). Made here with dmsetup, two
+/// of them: the next CreateVolume and CreateSnapshot each delete the one
+/// they meet (no LV has it) and succeed; the pool's metadata then holds
+/// the LVs' devices, at the ids the orphans had.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs device-mapper: run by make test-vm in the VM"]
+async fn thin_device_left_by_a_killed_lvcreate_is_deleted() {
+    let mut f = Fx::new(Kind::Thin).await;
+    let a = must(
+        "CreateVolume a",
+        f.create(fs_req("orphans-a", VOLUME, "ext4")).await,
+    );
+    let ids = || -> Vec<u64> {
+        let out = run_cmd("lvm", &["lvs", "--noheadings", "-o", "thin_id", &f.vg.vg]);
+        let mut v: Vec<u64> = out
+            .split_whitespace()
+            .filter_map(|s| s.parse().ok())
+            .collect();
+        v.sort();
+        v
+    };
+    let max = *ids().last().expect("volume a's thin id");
+    let tpool = format!("{}-tp-tpool", f.vg.vg);
+    let pool = if dm_names().contains(&tpool) {
+        tpool
+    } else {
+        format!("{}-tp", f.vg.vg)
+    };
+    for id in [max + 1, max + 2] {
+        run_cmd(
+            "dmsetup",
+            &["message", &pool, "0", &format!("create_thin {id}")],
+        );
+    }
+    let b = must(
+        "CreateVolume b over an orphan device",
+        f.create(fs_req("orphans-b", VOLUME, "ext4")).await,
+    );
+    let snap = must(
+        "CreateSnapshot over an orphan device",
+        f.d.controller()
+            .create_snapshot(csi::CreateSnapshotRequest {
+                name: "orphans-snap".into(),
+                source_volume_id: a.volume_id.clone(),
+                ..Default::default()
+            })
+            .await,
+    )
+    .into_inner()
+    .snapshot
+    .expect("a snapshot");
+    let log = fs::read_to_string(f.d.log_path()).unwrap();
+    assert_eq!(
+        log.matches("deleting a thin device no LV has").count(),
+        2,
+        "the driver's log should say it deleted two orphan devices"
+    );
+    assert_eq!(ids(), vec![max, max + 1, max + 2], "the LVs' thin ids");
+    must(
+        "DeleteSnapshot",
+        f.d.controller()
+            .delete_snapshot(csi::DeleteSnapshotRequest {
+                snapshot_id: snap.snapshot_id,
+                ..Default::default()
+            })
+            .await,
+    );
+    for id in [&a.volume_id, &b.volume_id] {
+        must("DeleteVolume", f.delete_volume(id).await);
+    }
+    let when = "orphan thin devices";
+    assert_holds_exactly(&f, &BTreeSet::new(), when).await;
+    stop_cleanly(&mut f, when).await;
+}

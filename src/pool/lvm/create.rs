@@ -4,7 +4,61 @@
 use super::super::{CreateRequest, PoolError, Result, Volume};
 use super::*;
 
+/// One lock per thin pool (`vg/thin`) for its creates and the repair of
+/// [`LvmPool::lvcreate`]: process-wide, as two configured pools may share a
+/// thin pool. It costs nothing: lvm holds the VG's lock for each of them.
+static THIN_CREATES: std::sync::Mutex<
+    std::collections::BTreeMap<String, Arc<tokio::sync::Mutex<()>>>,
+> = std::sync::Mutex::new(std::collections::BTreeMap::new());
+
 impl LvmPool {
+    /// Runs an `lvcreate` (`args`) in this pool. In a thin pool, an lvm
+    /// killed mid-create (the driver's container killed with it) can leave
+    /// its new thin device in the pool's metadata and in no LV; every later
+    /// create then fails on that device id ([`crate::lvm::orphan_thin_device`]).
+    /// Such a device is deleted, but only when no LV of the VG has its id
+    /// (nothing can be lost: no LV maps it), under the pool's create lock (no
+    /// create of this driver can make a device of that id meanwhile, and
+    /// none of anyone's can while it is there), and the create runs again
+    /// once.
+    pub(super) async fn lvcreate(&self, args: Vec<String>) -> std::result::Result<(), LvmError> {
+        let Some(thin) = &self.thin else {
+            return lvm::change(args).await;
+        };
+        let lock = {
+            let mut all = THIN_CREATES.lock().unwrap_or_else(|e| e.into_inner());
+            all.entry(format!("{}/{thin}", self.vg))
+                .or_default()
+                .clone()
+        };
+        let _creates = lock.lock().await;
+        let first = lvm::change(args.clone()).await;
+        let Some(id) = first.as_ref().err().and_then(lvm::orphan_thin_device) else {
+            return first;
+        };
+        let lvs = lvm::lvs(&self.vg).await?;
+        if let Some(lv) = lvs.iter().find(|l| l.thin_id == Some(id)) {
+            tracing::error!(vg = %self.vg, thin, device_id = id, lv = %lv.name,
+                "lvcreate met a thin device id that an LV has: not touched");
+            return first;
+        }
+        let (vg, t) = (self.vg.clone(), thin.clone());
+        let target = crate::error::blocking(move || {
+            crate::dm::thin_pool_target(&vg, &t)
+                .map_err(|e| crate::error::IoError::new("reading the thin pool's status", e))
+        })
+        .await;
+        // Not readable, or not active: nothing to repair here.
+        let target = target.ok().flatten();
+        let Some(target) = target else {
+            return first;
+        };
+        tracing::warn!(vg = %self.vg, thin, device_id = id,
+            "deleting a thin device no LV has (an lvcreate killed mid-run left it), then creating again");
+        lvm::delete_thin_device(&target.mapping, id).await?;
+        lvm::change(args).await
+    }
+
     /// The size of a new volume, its room checked where the pool checks
     /// (`checked`), or the volume when the `lvs` the check ran finds it
     /// already made (a retry the index missed).
@@ -68,7 +122,7 @@ impl LvmPool {
         checked: bool,
         what: &str,
     ) -> Result<Option<Volume>> {
-        match lvm::change(self.create_args(req, size)).await {
+        match self.lvcreate(self.create_args(req, size)).await {
             Ok(()) => {}
             Err(LvmError::AlreadyExists(_)) => {
                 // A create cut short earlier (or still finishing) made it.
@@ -79,7 +133,7 @@ impl LvmPool {
                 }
                 // It could not be finished and was removed, or it was a
                 // deleted volume, now renamed for the wiper: make it now.
-                lvm::change(self.create_args(req, size)).await?;
+                self.lvcreate(self.create_args(req, size)).await?;
             }
             Err(LvmError::InsufficientSpace(why)) if !checked => {
                 // Answer as the check would have: too large for the pool

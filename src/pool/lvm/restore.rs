@@ -229,7 +229,7 @@ impl LvmPool {
         let (ever, now) = self.limits().await?;
         self.check_room(size, ever, now, &format!("volume {}", req.name.as_str()))?;
         self.index.unknown_promises();
-        match lvm::change(self.create_from_args(plan)).await {
+        match self.lvcreate(self.create_from_args(plan)).await {
             // AlreadyExists: an lvcreate of a create cut short got there
             // first (it may still be running): finished below.
             Ok(()) | Err(LvmError::AlreadyExists(_)) => {}

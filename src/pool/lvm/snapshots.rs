@@ -8,11 +8,30 @@ use super::super::{Result, Snapshot, SnapshotRequest, Snapshots};
 use super::*;
 use crate::ids::VolumeId;
 
+impl LvmPool {
+    /// Removes what a cut-short `lvcreate -s` left (see
+    /// [`LvmPool::is_half_made_snapshot`]): a plain LV of fresh extents that
+    /// no one ever wrote, so it goes without a wipe.
+    async fn discard_half_made(&self, lv: &LvInfo) -> Result<()> {
+        tracing::warn!(
+            lv = self.lv_path(&lv.name),
+            "removing a plain LV a cut-short lvcreate -s left in a snapshot's place"
+        );
+        self.index.forget(&lv.name);
+        lvm::remove(&self.lv_path(&lv.name)).await?;
+        Ok(())
+    }
+}
+
 #[async_trait]
 impl Snapshots for LvmPool {
     async fn create_snapshot(&self, req: &SnapshotRequest) -> Result<Snapshot> {
         let name = snap_lv_name(&req.id.key);
-        if let Some(lv) = lvm::lv(&self.vg, &name).await? {
+        let mut found = lvm::lv(&self.vg, &name).await?;
+        if let Some(lv) = found.take_if(|lv| self.is_half_made_snapshot(lv)) {
+            self.discard_half_made(&lv).await?;
+        }
+        if let Some(lv) = found {
             let snap = self.to_snapshot(&lv).ok_or_else(|| self.not_ours(&name))?;
             if snap.name != req.name.as_str() || snap.source_volume_id != req.source.to_string() {
                 return Err(PoolError::Mismatch {
@@ -52,7 +71,7 @@ impl Snapshots for LvmPool {
         };
         let args = lvm::lvcreate_args(&self.vg, &name, &tags, what);
         self.index.unknown_promises();
-        match lvm::change(args).await {
+        match self.lvcreate(args).await {
             Ok(()) | Err(LvmError::AlreadyExists(_)) => {}
             Err(e) => return Err(e.into()),
         }
@@ -75,6 +94,10 @@ impl Snapshots for LvmPool {
         let Some(lv) = lvm::lv(&self.vg, &name).await? else {
             return Ok(());
         };
+        if self.is_half_made_snapshot(&lv) {
+            self.discard_half_made(&lv).await?;
+            return Ok(());
+        }
         if self.to_snapshot(&lv).is_none() {
             return Err(PoolError::ForeignLv {
                 path: self.lv_path(&name),

@@ -171,7 +171,10 @@ impl LvmPool {
 
     /// The snapshot an LV of this pool represents (None for other LVs).
     pub(super) fn to_snapshot(&self, lv: &LvInfo) -> Option<Snapshot> {
-        if !self.is_ours(lv) || lv.tag_value(TAG_KIND) != Some("snapshot") {
+        if !self.is_ours(lv)
+            || lv.tag_value(TAG_KIND) != Some("snapshot")
+            || self.is_half_made_snapshot(lv)
+        {
             return None;
         }
         let key = VolumeKey::parse(lv.name.strip_prefix("sn-")?)?;
@@ -187,6 +190,19 @@ impl LvmPool {
             created_unix: lv.created_unix,
             ready: !is_invalid_cow(lv),
         })
+    }
+
+    /// What a thick pool's `lvcreate -s` killed mid-run can leave: lvm
+    /// first commits the COW area as a plain LV (with the snapshot's tags),
+    /// then makes it a snapshot of its origin. Such an LV is no snapshot
+    /// (restoring it would restore its zeroed bytes); CreateSnapshot's retry
+    /// and DeleteSnapshot remove it (it never held data). Seen in the VM:
+    /// killed ~0.2 s into a 0.5 s `lvcreate -s`, lvm left `-wi-------`.
+    pub(super) fn is_half_made_snapshot(&self, lv: &LvInfo) -> bool {
+        self.thin.is_none()
+            && self.is_ours(lv)
+            && lv.tag_value(TAG_KIND) == Some("snapshot")
+            && !lv.is_cow_snapshot()
     }
 
     pub(super) fn tags(&self, kind: &str, name: &str, access: AccessType) -> Vec<String> {

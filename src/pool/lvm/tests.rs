@@ -200,6 +200,43 @@ fn an_lv_is_a_snapshot_only_when_its_tags_say_so() {
     );
 }
 
+/// A thick pool's snapshot is a COW snapshot (`s`); the plain LV a
+/// cut-short `lvcreate -s` leaves with the same tags is not one.
+#[test]
+fn a_thick_snapshot_must_be_a_cow_snapshot() {
+    let p = pool("thick", None);
+    let name = format!("sn-{KEY}");
+    let size = format!("localvol.size={}", 64 * MI);
+    let src_tag = format!("localvol.source=thick.{}", "f".repeat(32));
+    let tags = [
+        "localvol",
+        "localvol.pool=thick",
+        "localvol.kind=snapshot",
+        "localvol.name=snap-1",
+        src_tag.as_str(),
+        size.as_str(),
+    ];
+    let mut snap = lv(&name, &tags);
+    snap.attr = "swi-a-s---".into();
+    assert!(!p.is_half_made_snapshot(&snap));
+    assert!(p.to_snapshot(&snap).is_some(), "a COW snapshot");
+    let mut plain = snap.clone();
+    plain.attr = "-wi-------".into();
+    assert!(p.is_half_made_snapshot(&plain));
+    assert!(p.to_snapshot(&plain).is_none(), "a plain LV");
+    // Another pool's, or not tagged a snapshot: not ours to remove.
+    let mut other = plain.clone();
+    other.tags = tags
+        .iter()
+        .map(|t| t.replace("pool=thick", "pool=other"))
+        .collect();
+    assert!(!p.is_half_made_snapshot(&other));
+    // A thin pool's snapshots are thin volumes, made in one step.
+    let mut thin = plain.clone();
+    thin.attr = "Vwi---tz-k".into();
+    assert!(!pool("thick", Some("tp")).is_half_made_snapshot(&thin));
+}
+
 #[test]
 fn a_restore_retry_finds_only_its_own_lv() {
     let p = pool("thin", Some("tp"));
