@@ -9,7 +9,7 @@ NODE       ?= $(shell hostname)
 BIN        := target/release/localvol
 IMAGE      ?= localvol:dev
 
-.PHONY: run build test e2e-prebuild fmt-check clippy unit sanity soak upstream-sanity validate-deploy deploy-base test-vm test-image image-programs e2e e2e-upstream e2e-build bench bench-vm symbol-order image clean
+.PHONY: run build test e2e-prebuild fmt-check clippy unit sanity soak upstream-sanity validate-deploy deploy-base test-vm test-image image-programs e2e e2e-upstream e2e-build bench bench-vm bench-cbt symbol-order image clean
 
 build:
 	$(CARGO) build --release --locked --bin localvol
@@ -285,6 +285,32 @@ bench-vm:
 	VM_PASS_ENV="BENCH_VOLUMES BENCH_CONCURRENCY BENCH_ROUNDS BENCH_FS BENCH_POOLS BENCH_WIPE_VOLUMES BENCH_WIPE_SIZE BENCH_LOG_DIR RUST_LOG" \
 		vm/run --mem 2048 --timeout $(BENCH_VM_TIMEOUT) -- "$$dir/bench-lvm" "$$dir/localvol" || rc=$$?; \
 	echo "bench-vm: VM run took $$(($$(date +%s) - start)) s, exit $$rc" >&2; \
+	exit $$rc
+
+# Changed-block tracking in the VM (docs/backups.md, "What it saves a backup"): a thin raw block
+# volume of CBT_SIZE written whole, snapshotted, CBT_CHANGED percent overwritten in CBT_CHUNK
+# pieces, snapshotted again, the second snapshot restored; then the restore read whole against
+# only GetMetadataDelta's runs (`localvol bench changed-blocks`, driven by vm/bench-cbt), over
+# CBT_ROUNDS rounds. Prints one JSON object (CBT_TABLE=1: a table). The loop VG lives in the
+# guest's RAM: CBT_VM_MEM (MB, default 3072) must hold CBT_SIZE and about 1.5 GiB more. E.g.
+#   make bench-cbt
+#   make bench-cbt CBT_SIZE=256Mi CBT_ROUNDS=1 CBT_VM_MEM=2048   # a quick look
+# CBT_SEED, CBT_POOL_CHUNK, BENCH_LOG_DIR and RUST_LOG pass through too. The binary and the
+# script are copied to a private dir first, as for bench-vm. Slow: TCG emulation.
+CBT_VM_MEM ?= 3072
+bench-cbt:
+	vm/setup
+	@set -eu; \
+	mkdir -p $(CURDIR)/target; \
+	dir=$$(mktemp -d $(CURDIR)/target/vm-bench-cbt.XXXXXX); \
+	trap 'rm -rf "$$dir"' EXIT; \
+	$(CARGO) build --release --locked --bin localvol; \
+	cp $(BIN) vm/bench-cbt "$$dir/"; \
+	start=$$(date +%s); \
+	rc=0; \
+	VM_PASS_ENV="CBT_SIZE CBT_CHANGED CBT_CHUNK CBT_ROUNDS CBT_SEED CBT_POOL_CHUNK CBT_TABLE BENCH_LOG_DIR RUST_LOG" \
+		vm/run --mem $(CBT_VM_MEM) --timeout $(BENCH_VM_TIMEOUT) -- "$$dir/bench-cbt" "$$dir/localvol" || rc=$$?; \
+	echo "bench-cbt: VM run took $$(($$(date +%s) - start)) s, exit $$rc" >&2; \
 	exit $$rc
 
 bench: build

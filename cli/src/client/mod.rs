@@ -34,6 +34,14 @@
 //! | `unpublish` | `{"volume_id", "target_path", "unpublished": true}` |
 //! | `stats`     | `{"volume_id", "volume_path", "usage": [{"unit", "available", "total", "used"}], "volume_condition": {"abnormal", "message"}\|null}` |
 //! | `list`      | `{"entries": [volume + "published_node_ids": [..]\|null], "next_token"}` |
+//! | `metadata allocated\|delta` | `{"block_metadata_type", "volume_capacity_bytes", "runs": [{"byte_offset", "size_bytes"}], "run_count", "bytes", "granularity_bytes": n\|null, "messages"}` |
+//!
+//! `metadata` reads the SnapshotMetadata service's whole stream; as text it
+//! prints one run a line, `OFFSET LENGTH` in bytes as the driver sent them
+//! (`--merged`: sorted, adjacent ones joined), then one summary line that
+//! starts with `#`. `run_count` and `bytes` count the runs as sent;
+//! `granularity_bytes` is the largest length all their offsets and lengths
+//! are multiples of (the run ending the volume's length aside).
 //!
 //! In `info`, `node`, `node_capabilities` and `controller_capabilities` are null
 //! when the driver does not serve that part (UNIMPLEMENTED, or no
@@ -55,6 +63,7 @@ use localvol::csi;
 use localvol::csi::controller_client::ControllerClient;
 use localvol::csi::identity_client::IdentityClient;
 use localvol::csi::node_client::NodeClient;
+use localvol::csi::snapshot_metadata_client::SnapshotMetadataClient;
 use localvol::csi::volume_capability::access_mode::Mode;
 use localvol::endpoint::Endpoint;
 use localvol::size::{human, parse_size};
@@ -62,11 +71,13 @@ use localvol::size::{human, parse_size};
 mod args;
 mod commands;
 mod info;
+mod metadata;
 mod output;
 
 pub use args::*;
 use commands::*;
 pub use info::*;
+pub use metadata::*;
 pub use output::*;
 
 #[derive(Args, Debug)]
@@ -234,6 +245,10 @@ pub enum ClientCommand {
         #[arg(long)]
         all: bool,
     },
+    /// SnapshotMetadata (changed-block tracking): the allocated or changed
+    /// byte ranges of snapshots, one run a line.
+    #[command(subcommand)]
+    Metadata(MetadataCommand),
 }
 
 /// Why a client command failed.
@@ -305,6 +320,7 @@ pub struct Clients {
     pub identity: IdentityClient<Channel>,
     pub controller: ControllerClient<Channel>,
     pub node: NodeClient<Channel>,
+    pub metadata: SnapshotMetadataClient<Channel>,
     pub timeout: Duration,
 }
 
@@ -313,7 +329,8 @@ impl Clients {
         Clients {
             identity: IdentityClient::new(channel.clone()),
             controller: ControllerClient::new(channel.clone()),
-            node: NodeClient::new(channel),
+            node: NodeClient::new(channel.clone()),
+            metadata: SnapshotMetadataClient::new(channel),
             timeout,
         }
     }
@@ -401,6 +418,7 @@ pub async fn run(c: &Clients, cmd: &ClientCommand) -> Result<Output, ClientError
             starting_token,
             all,
         } => list(c, *max_entries, starting_token, *all).await,
+        ClientCommand::Metadata(m) => cmd_metadata(c, m).await,
         node => run_node(c, node).await,
     }
 }
@@ -742,6 +760,91 @@ mod tests {
             tokio::time::sleep(Duration::from_millis(10)).await;
         }
         panic!("{endpoint} never accepted a connection");
+    }
+
+    #[test]
+    fn metadata_flags() {
+        let a = parse(&[
+            "metadata",
+            "delta",
+            "p.a",
+            "p.b",
+            "--starting-offset",
+            "1Mi",
+            "--max-results",
+            "5",
+        ])
+        .unwrap();
+        let ClientCommand::Metadata(MetadataCommand::Delta {
+            base_snapshot_id,
+            target_snapshot_id,
+            paging,
+        }) = a.command
+        else {
+            panic!("not metadata delta");
+        };
+        assert_eq!(
+            (base_snapshot_id.as_str(), target_snapshot_id.as_str()),
+            ("p.a", "p.b")
+        );
+        assert_eq!((paging.starting_offset, paging.max_results), (1 << 20, 5));
+        let a = parse(&["metadata", "allocated", "p.a", "--json"]).unwrap();
+        let ClientCommand::Metadata(MetadataCommand::Allocated { paging, .. }) = a.command else {
+            panic!("not metadata allocated");
+        };
+        assert_eq!(
+            (paging.starting_offset, paging.max_results, a.json),
+            (0, 0, true)
+        );
+        assert!(parse(&["metadata", "allocated", "p.a", "--max-results", "-1"]).is_err());
+        assert!(
+            parse(&["metadata", "delta", "p.a"]).is_err(),
+            "delta needs two snapshots"
+        );
+    }
+
+    /// A driver without a thin pool answers UNIMPLEMENTED: the command's
+    /// error is that status, worded as the other commands' errors.
+    #[tokio::test]
+    async fn metadata_errors_are_the_drivers_status() {
+        use localvol::server::{serve, ServeOptions};
+        let dir = tempfile::tempdir().unwrap();
+        let endpoint = Endpoint::Unix(dir.path().join("csi.sock"));
+        let opts = ServeOptions {
+            endpoint: endpoint.clone(),
+            node_id: "node-a".into(),
+            driver_name: "localvol.csi.dev".into(),
+            config: localvol::config::Config::embedded(&dir.path().join("pools")),
+            kubelet_dir: dir.path().join("kubelet"),
+            socket_group: None,
+            metrics_addr: None,
+            liveness_addr: None,
+            liveness_deadline: Duration::from_secs(60),
+            namespace: "localvol".into(),
+            kube_api: None,
+            pool_check_interval: Duration::from_secs(3600),
+            metrics_wait: Duration::from_secs(5),
+        };
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let server = tokio::spawn(async move {
+            serve(opts, async {
+                let _ = stopped.await;
+            })
+            .await
+        });
+        let t = Duration::from_secs(5);
+        wait_ready(&endpoint, Duration::from_secs(60), t)
+            .await
+            .unwrap();
+        let c = Clients::new(connect_soon(&endpoint).await, t);
+        let cmd = ClientCommand::Metadata(MetadataCommand::Allocated {
+            snapshot_id: "default.0123".into(),
+            paging: PagingArgs::default(),
+        });
+        let e = run(&c, &cmd).await.err().expect("an error");
+        assert!(e.to_string().starts_with("UNIMPLEMENTED: "), "{e}");
+        stop.send(()).unwrap();
+        server.await.unwrap().unwrap();
     }
 
     #[test]

@@ -11,6 +11,7 @@
 //! | `churn --volumes 10000 --concurrency 8 --page 500` | CreateVolume and DeleteVolume rates; full ListVolumes passes, paged and unpaged, with all volumes there (per-page times show whether a page costs O(page) or O(all)); the driver's RSS with all volumes there |
 //! | `restart --volumes 10000 -- DRIVER ARGS...` | time from starting the driver to its first ready Probe, with that many volumes in its pools, and its RSS once it has listed them |
 //! | `sweep --concurrency 4,16` | whole lifecycles (as `localvol bench`) at each concurrency: lifecycles/s, lifecycle p99, the driver's peak RSS |
+//! | `changed-blocks --pool P --size 1Gi` | a backup's read of a restored snapshot: the whole device against GetMetadataDelta's runs only (see [`changed_blocks`]) |
 //!
 //! Every scenario repeats its measurement `--rounds` times and reports the
 //! median of the rounds (each round's own figures are in the JSON).
@@ -49,12 +50,16 @@ use localvol::csi;
 use localvol::endpoint::Endpoint;
 use localvol::size::human;
 
+mod blockio;
+mod changed_blocks;
 mod churn;
 mod node;
 mod restart;
 mod target;
 mod volumes;
 
+pub use changed_blocks::ChangedBlocksArgs;
+use changed_blocks::*;
 use churn::*;
 use node::*;
 use restart::*;
@@ -73,6 +78,9 @@ pub enum Scenario {
     Restart(RestartArgs),
     /// Lifecycles/s and the driver's peak RSS at several concurrencies.
     Sweep(SweepArgs),
+    /// A backup's read of a restored snapshot: all of it, or only the runs
+    /// GetMetadataDelta names (thin LVM pools; needs root).
+    ChangedBlocks(ChangedBlocksArgs),
 }
 
 /// What every scenario takes.
@@ -116,6 +124,10 @@ pub struct Common {
     /// must listen at --endpoint.
     #[arg(last = true, value_name = "DRIVER")]
     pub driver: Vec<String>,
+    /// Raw block volumes instead of mounted ones (not a flag: set by the
+    /// scenarios that need it).
+    #[arg(skip)]
+    pub block: bool,
 }
 
 #[derive(Args, Debug)]
@@ -198,6 +210,7 @@ pub async fn main(s: Scenario) -> ExitCode {
         Scenario::Churn(a) => (a.common.json, churn(a).await),
         Scenario::Restart(a) => (a.common.json, restart(a).await),
         Scenario::Sweep(a) => (a.common.json, sweep(a).await),
+        Scenario::ChangedBlocks(a) => (a.json, changed_blocks(a).await),
     };
     match res {
         Ok((j, human)) => {

@@ -37,7 +37,8 @@ impl Ctx {
         Ok(Ctx {
             clients: t.clients.clone(),
             capability: client::CapabilityArgs {
-                fs: Some(c.fs_type.clone()),
+                fs: (!c.block).then(|| c.fs_type.clone()),
+                block: c.block,
                 ..Default::default()
             }
             .to_csi(),
@@ -59,13 +60,22 @@ impl Ctx {
     }
 
     pub(super) async fn create(&self, name: String) -> Result<(Vol, Duration), String> {
+        self.create_from(name, None).await
+    }
+
+    /// CreateVolume with a content source (a restore or a clone), timed.
+    pub(super) async fn create_from(
+        &self,
+        name: String,
+        source: Option<csi::VolumeContentSource>,
+    ) -> Result<(Vol, Duration), String> {
         let mut ctl = self.clients.controller.clone();
         let req = requests::create(
             &name,
             Some((self.size, 0)),
             &self.capability,
             self.parameters.clone(),
-            None,
+            source,
         );
         let start = Instant::now();
         let r = client::call(self.clients.timeout, req, |r| ctl.create_volume(r))
