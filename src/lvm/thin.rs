@@ -88,9 +88,10 @@ pub(crate) async fn delete_device(pool: &str, id: u64) -> Result<(), LvmError> {
 /// already holds a device of that id. lvm sends the kernel its message
 /// (`create_thin N`, `create_snap N O`) before it commits the VG's
 /// metadata; an lvm killed between the two leaves device N in the pool and
-/// in no LV, and lvm hands out N again on every later create, which fails
-/// with "Thin pool … already contain thin device with device_id N" until
-/// the device goes.
+/// in no LV, and lvm hands out N again. A new thin volume's create replaces
+/// such a device itself (seen in the VM); a snapshot's (a thin snapshot, a
+/// thin restore or clone) fails with "Thin pool … already contain thin
+/// device with device_id N", on every try until the device goes.
 pub(crate) fn orphan_device(e: &LvmError) -> Option<u64> {
     let LvmError::Command(c) = e else {
         return None;

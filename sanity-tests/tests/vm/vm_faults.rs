@@ -1274,12 +1274,13 @@ async fn slow_lvm_is_not_a_broken_pool(kind: Kind) {
 /// lvm sends the kernel its message (`create_thin N`, `create_snap N O`)
 /// before it commits the VG's metadata: an lvcreate killed between the two
 /// (with the driver, as a container's processes die with it) leaves thin
-/// device N in the pool's metadata and in no LV, and every later create
-/// meets it ("already contain thin device with device_id N"; the kill
-/// campaign with FAULT_KILL_PROGRAMS=1 met it). Made here with dmsetup, two
-/// of them: the next CreateVolume and CreateSnapshot each delete the one
-/// they meet (no LV has it) and succeed; the pool's metadata then holds
-/// the LVs' devices, at the ids the orphans had.
+/// device N in the pool's metadata and in no LV. A new thin volume's create
+/// replaces such a device itself (seen here), but a snapshot's fails
+/// ("already contain thin device with device_id N"; the kill campaign with
+/// FAULT_KILL_PROGRAMS=1 met it) on every later try. Made here with
+/// dmsetup, two of them: the next two CreateSnapshots each delete the one
+/// they meet (no LV has it) and succeed, and so does a CreateVolume after
+/// them; the LVs then have the ids the orphans had.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "needs device-mapper: run by make test-vm in the VM"]
 async fn thin_device_left_by_a_killed_lvcreate_is_deleted() {
@@ -1310,39 +1311,46 @@ async fn thin_device_left_by_a_killed_lvcreate_is_deleted() {
             &["message", &pool, "0", &format!("create_thin {id}")],
         );
     }
+    let mut snapshots = Vec::new();
+    for name in ["orphans-s1", "orphans-s2"] {
+        let snap = must(
+            "CreateSnapshot over an orphan device",
+            f.d.controller()
+                .create_snapshot(csi::CreateSnapshotRequest {
+                    name: name.into(),
+                    source_volume_id: a.volume_id.clone(),
+                    ..Default::default()
+                })
+                .await,
+        );
+        snapshots.push(snap.into_inner().snapshot.expect("a snapshot").snapshot_id);
+    }
     let b = must(
-        "CreateVolume b over an orphan device",
+        "CreateVolume b",
         f.create(fs_req("orphans-b", VOLUME, "ext4")).await,
     );
-    let snap = must(
-        "CreateSnapshot over an orphan device",
-        f.d.controller()
-            .create_snapshot(csi::CreateSnapshotRequest {
-                name: "orphans-snap".into(),
-                source_volume_id: a.volume_id.clone(),
-                ..Default::default()
-            })
-            .await,
-    )
-    .into_inner()
-    .snapshot
-    .expect("a snapshot");
     let log = fs::read_to_string(f.d.log_path()).unwrap();
     assert_eq!(
         log.matches("deleting a thin device no LV has").count(),
         2,
         "the driver's log should say it deleted two orphan devices"
     );
-    assert_eq!(ids(), vec![max, max + 1, max + 2], "the LVs' thin ids");
-    must(
-        "DeleteSnapshot",
-        f.d.controller()
-            .delete_snapshot(csi::DeleteSnapshotRequest {
-                snapshot_id: snap.snapshot_id,
-                ..Default::default()
-            })
-            .await,
+    assert_eq!(
+        ids(),
+        vec![max, max + 1, max + 2, max + 3],
+        "the LVs' thin ids"
     );
+    for snapshot_id in snapshots {
+        must(
+            "DeleteSnapshot",
+            f.d.controller()
+                .delete_snapshot(csi::DeleteSnapshotRequest {
+                    snapshot_id,
+                    ..Default::default()
+                })
+                .await,
+        );
+    }
     for id in [&a.volume_id, &b.volume_id] {
         must("DeleteVolume", f.delete_volume(id).await);
     }

@@ -15,7 +15,7 @@ impl LvmPool {
     /// Runs an `lvcreate` (`args`) in this pool. In a thin pool, an lvm
     /// killed mid-create (the driver's container killed with it) can leave
     /// its new thin device in the pool's metadata and in no LV; every later
-    /// create then fails on that device id ([`crate::lvm::orphan_thin_device`]).
+    /// snapshot then fails on that device id ([`crate::lvm::orphan_thin_device`]).
     /// Such a device is deleted, but only when no LV of the VG has its id
     /// (nothing can be lost: no LV maps it), under the pool's create lock (no
     /// create of this driver can make a device of that id meanwhile, and
