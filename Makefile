@@ -292,12 +292,14 @@ bench-vm:
 # pieces, snapshotted again, the second snapshot restored; then the restore read whole against
 # only GetMetadataDelta's runs (`localvol bench changed-blocks`, driven by vm/bench-cbt), over
 # CBT_ROUNDS rounds. Prints one JSON object (CBT_TABLE=1: a table). The loop VG lives in the
-# guest's RAM: CBT_VM_MEM (MB, default 3072) must hold CBT_SIZE and about 1.5 GiB more. E.g.
+# guest's /tmp, a tmpfs of half its memory, and keeps every round's volume (a deleted thin
+# volume's blocks are not discarded down to it): CBT_VM_MEM (MB, default 7168) must be twice
+# CBT_ROUNDS × CBT_SIZE and some; vm/bench-cbt says so before it starts. E.g.
 #   make bench-cbt
 #   make bench-cbt CBT_SIZE=256Mi CBT_ROUNDS=1 CBT_VM_MEM=2048   # a quick look
 # CBT_SEED, CBT_POOL_CHUNK, BENCH_LOG_DIR and RUST_LOG pass through too. The binary and the
 # script are copied to a private dir first, as for bench-vm. Slow: TCG emulation.
-CBT_VM_MEM ?= 3072
+CBT_VM_MEM ?= 7168
 bench-cbt:
 	vm/setup
 	@set -eu; \
