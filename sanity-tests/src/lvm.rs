@@ -192,64 +192,64 @@ fn holders_of(devs: &[String]) -> Vec<String> {
     found
 }
 
+/// Unmounts whatever a failed test left mounted from the VG `vg`'s LVs (the
+/// dm devices named `<vg>-...`: the VG's name has no '-') or from a device
+/// stacked on them (a dm-crypt mapping), then removes those stacked devices:
+/// they hold the LVs open, and a test that failed with one left would leave
+/// it to fail the next test of that pool.
+fn release_leftovers(vg: &str) {
+    let prefix = format!("{vg}-");
+    let ours: Vec<String> = fs::read_dir("/sys/block")
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter(|e| {
+            fs::read_to_string(e.path().join("dm/name")).is_ok_and(|n| n.starts_with(&prefix))
+        })
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .collect();
+    let stacked = holders_of(&ours);
+    let devs: Vec<String> = ours
+        .iter()
+        .chain(&stacked)
+        .filter_map(|b| {
+            Some(
+                fs::read_to_string(format!("/sys/block/{b}/dev"))
+                    .ok()?
+                    .trim()
+                    .to_owned(),
+            )
+        })
+        .collect();
+    for _ in 0..64 {
+        let Some(m) = mounts()
+            .into_iter()
+            .filter(|m| devs.contains(&m.dev))
+            .max_by_key(|m| m.mount_point.components().count())
+        else {
+            break;
+        };
+        use nix::mount::{umount2, MntFlags};
+        if umount2(&m.mount_point, MntFlags::empty()).is_err() {
+            let _ = umount2(&m.mount_point, MntFlags::MNT_DETACH);
+        }
+    }
+    // The topmost first (`holders_of` lists them so).
+    for b in stacked.iter().rev() {
+        if let Ok(name) = fs::read_to_string(format!("/sys/block/{b}/dm/name")) {
+            eprintln!("WARNING: removing {} left stacked on VG {vg}", name.trim());
+            let _ = Command::new("dmsetup")
+                .args(["remove", "--force", name.trim()])
+                .stdin(Stdio::null())
+                .stderr(Stdio::null())
+                .status();
+        }
+    }
+}
+
 impl Drop for LoopVg {
     fn drop(&mut self) {
-        // Unmount whatever a failed test left mounted from this VG's LVs (the
-        // dm devices named `<vg>-...`: this VG's name has no '-') or from a
-        // device stacked on them (a dm-crypt mapping), then remove those
-        // stacked devices: they hold the LVs open, and a test that failed
-        // with one left would leave it to fail the next test of that pool.
-        let prefix = format!("{}-", self.vg);
-        let ours: Vec<String> = fs::read_dir("/sys/block")
-            .into_iter()
-            .flatten()
-            .flatten()
-            .filter(|e| {
-                fs::read_to_string(e.path().join("dm/name")).is_ok_and(|n| n.starts_with(&prefix))
-            })
-            .map(|e| e.file_name().to_string_lossy().into_owned())
-            .collect();
-        let stacked = holders_of(&ours);
-        let devs: Vec<String> = ours
-            .iter()
-            .chain(&stacked)
-            .filter_map(|b| {
-                Some(
-                    fs::read_to_string(format!("/sys/block/{b}/dev"))
-                        .ok()?
-                        .trim()
-                        .to_owned(),
-                )
-            })
-            .collect();
-        for _ in 0..64 {
-            let Some(m) = mounts()
-                .into_iter()
-                .filter(|m| devs.contains(&m.dev))
-                .max_by_key(|m| m.mount_point.components().count())
-            else {
-                break;
-            };
-            use nix::mount::{umount2, MntFlags};
-            if umount2(&m.mount_point, MntFlags::empty()).is_err() {
-                let _ = umount2(&m.mount_point, MntFlags::MNT_DETACH);
-            }
-        }
-        // The topmost first (`holders_of` lists them so).
-        for b in stacked.iter().rev() {
-            if let Ok(name) = fs::read_to_string(format!("/sys/block/{b}/dm/name")) {
-                eprintln!(
-                    "WARNING: removing {} left stacked on VG {}",
-                    name.trim(),
-                    self.vg
-                );
-                let _ = Command::new("dmsetup")
-                    .args(["remove", "--force", name.trim()])
-                    .stdin(Stdio::null())
-                    .stderr(Stdio::null())
-                    .status();
-            }
-        }
+        release_leftovers(&self.vg);
         // Deactivating is enough: the metadata goes with the image file, and
         // it is cheaper than vgremove (each lvm call is slow in the VM).
         if !quiet("lvm", &["vgchange", "-qq", "-an", &self.vg]) {
