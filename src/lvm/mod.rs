@@ -36,7 +36,7 @@ pub(crate) use report::{
 };
 #[cfg(test)]
 pub(crate) use run::classify;
-pub(crate) use run::refused_as_held;
+pub(crate) use run::{active_component, refused_as_held};
 pub(crate) use thin::{
     delete_device as delete_thin_device, orphan_device as orphan_thin_device,
     release_metadata_snap, reserve_metadata_snap, BlockRuns, Run,
@@ -233,6 +233,17 @@ pub(crate) async fn activate(lv_path: &str) -> Result<(), LvmError> {
         "--activate".into(),
         "y".into(),
         "--ignoreactivationskip".into(),
+        lv_path.to_owned(),
+    ])
+    .await
+}
+
+/// Deactivates `VG/LV` (one not active is fine).
+pub(crate) async fn deactivate(lv_path: &str) -> Result<(), LvmError> {
+    change(vec![
+        "lvchange".into(),
+        "--activate".into(),
+        "n".into(),
         lv_path.to_owned(),
     ])
     .await

@@ -125,6 +125,32 @@ pub fn refused_as_held(e: &LvmError) -> bool {
         .any(|m| err.contains(m))
 }
 
+/// An LV named by its VG and name.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Component {
+    pub vg: String,
+    pub lv: String,
+}
+
+/// The LV whose activation on its own made lvm refuse to activate another:
+/// "Activation of logical volume VG/POOL is prohibited while logical volume
+/// VG/POOL_tmeta is active." (lvm 2.03: a thin pool's component, active
+/// alone, as an lvm killed mid-activation leaves it).
+pub fn active_component(e: &LvmError) -> Option<Component> {
+    let LvmError::Command(c) = e else {
+        return None;
+    };
+    let stderr = c.stderr();
+    let (_, after) = stderr.split_once("is prohibited while logical volume ")?;
+    let (path, _) = after.split_once(" is active")?;
+    let (vg, lv) = path.split_once('/')?;
+    let ok = |s: &str| !s.is_empty() && !s.contains(char::is_whitespace);
+    (ok(vg) && ok(lv)).then(|| Component {
+        vg: vg.to_owned(),
+        lv: lv.to_owned(),
+    })
+}
+
 /// The subcommands whose runs `/metrics` counts by name; others count as
 /// `other`.
 const COUNTED: [&str; 9] = [
@@ -265,6 +291,33 @@ mod tests {
         }
         assert!(!refused_as_held(&failed("  Volume group \"vg\" not found")));
         assert!(!refused_as_held(&LvmError::NotFound("vg/lv-1".into())));
+    }
+
+    #[test]
+    fn names_the_component_that_blocks_an_activation() {
+        // lvm 2.03 (Debian 12) in the VM, after an lvm killed mid-activation.
+        let e = LvmError::Command(failed(
+            "  Activation of logical volume lvt3991n2/tp is prohibited while logical volume \
+             lvt3991n2/tp_tmeta is active.",
+        ));
+        assert_eq!(
+            active_component(&e),
+            Some(Component {
+                vg: "lvt3991n2".into(),
+                lv: "tp_tmeta".into()
+            })
+        );
+        for other in [
+            "  Volume group \"vg\" not found",
+            "  Activation of logical volume vg/tp is prohibited while logical volume  is active.",
+        ] {
+            assert_eq!(
+                active_component(&LvmError::Command(failed(other))),
+                None,
+                "{other}"
+            );
+        }
+        assert_eq!(active_component(&LvmError::NotFound("vg/tp".into())), None);
     }
 
     fn failed(stderr: &str) -> CommandError {

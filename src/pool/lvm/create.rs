@@ -12,15 +12,12 @@ static THIN_CREATES: std::sync::Mutex<
 > = std::sync::Mutex::new(std::collections::BTreeMap::new());
 
 impl LvmPool {
-    /// Runs an `lvcreate` (`args`) in this pool. In a thin pool, an lvm
-    /// killed mid-create (the driver's container killed with it) can leave
-    /// its new thin device in the pool's metadata and in no LV; every later
-    /// snapshot then fails on that device id ([`crate::lvm::orphan_thin_device`]).
-    /// Such a device is deleted, but only when no LV of the VG has its id
-    /// (nothing can be lost: no LV maps it), under the pool's create lock (no
-    /// create of this driver can make a device of that id meanwhile, and
-    /// none of anyone's can while it is there), and the create runs again
-    /// once.
+    /// Runs an `lvcreate` (`args`) in this pool, repairing each state an
+    /// lvm killed mid-run (the driver's container killed with it) leaves
+    /// that fails every later create ([`LvmPool::repair_component`],
+    /// [`LvmPool::repair_orphan`]) and trying again, twice at most. In a thin pool it runs under the pool's create lock:
+    /// process-wide, as two configured pools may share a thin pool; it
+    /// costs nothing, as lvm holds the VG's lock for each create anyway.
     pub(super) async fn lvcreate(&self, args: Vec<String>) -> std::result::Result<(), LvmError> {
         let Some(thin) = &self.thin else {
             return lvm::change(args).await;
@@ -32,15 +29,65 @@ impl LvmPool {
                 .clone()
         };
         let _creates = lock.lock().await;
-        let first = lvm::change(args.clone()).await;
-        let Some(id) = first.as_ref().err().and_then(lvm::orphan_thin_device) else {
-            return first;
+        let mut result = lvm::change(args.clone()).await;
+        for _ in 0..2 {
+            match &result {
+                Err(e) if self.repair_component(e).await? || self.repair_orphan(e).await? => {
+                    result = lvm::change(args.clone()).await;
+                }
+                _ => break,
+            }
+        }
+        result
+    }
+
+    /// A component of this thin pool active on its own, which `e` (an lvm
+    /// failure) names ([`lvm::active_component`]), deactivated; `true`: run
+    /// it again. lvm activates `<thin>_tmeta` and `<thin>_tdata` before the
+    /// pool; killed between (the driver's container killed with it), it
+    /// leaves them active and the pool not, and then refuses to activate the
+    /// pool. While the pool is not active, nothing else uses them.
+    pub(super) async fn repair_component(
+        &self,
+        e: &LvmError,
+    ) -> std::result::Result<bool, LvmError> {
+        let (Some(thin), Some(component)) = (&self.thin, lvm::active_component(e)) else {
+            return Ok(false);
+        };
+        let ours = [format!("{thin}_tmeta"), format!("{thin}_tdata")];
+        if component.vg != self.vg || !ours.contains(&component.lv) {
+            return Ok(false);
+        }
+        tracing::warn!(vg = %self.vg, thin, component = %component.lv,
+            "deactivating a thin pool's component left active on its own (an lvm killed \
+             mid-activation left it), then trying again");
+        for lv in ours {
+            lvm::deactivate(&format!("{}/{lv}", self.vg)).await?;
+        }
+        Ok(true)
+    }
+
+    /// A thin device no LV has, which `e` (an lvm failure) names
+    /// ([`lvm::orphan_thin_device`]), deleted; `true`: run it again. lvm
+    /// sends the kernel `create_snap N O` before it commits the VG's
+    /// metadata; killed between, it leaves device N, on which every later
+    /// snapshot fails. It is deleted only when no LV of the VG has its id
+    /// (nothing can be lost: no LV maps it). The caller holds the pool's
+    /// create lock ([`LvmPool::lvcreate`]), so no create of this driver can
+    /// make a device of that id meanwhile, and none of anyone's can while it
+    /// is there.
+    async fn repair_orphan(&self, e: &LvmError) -> std::result::Result<bool, LvmError> {
+        let Some(thin) = &self.thin else {
+            return Ok(false);
+        };
+        let Some(id) = lvm::orphan_thin_device(e) else {
+            return Ok(false);
         };
         let lvs = lvm::lvs(&self.vg).await?;
         if let Some(lv) = lvs.iter().find(|l| l.thin_id == Some(id)) {
             tracing::error!(vg = %self.vg, thin, device_id = id, lv = %lv.name,
                 "lvcreate met a thin device id that an LV has: not touched");
-            return first;
+            return Ok(false);
         }
         let (vg, t) = (self.vg.clone(), thin.clone());
         let target = crate::error::blocking(move || {
@@ -49,14 +96,13 @@ impl LvmPool {
         })
         .await;
         // Not readable, or not active: nothing to repair here.
-        let target = target.ok().flatten();
-        let Some(target) = target else {
-            return first;
+        let Some(target) = target.ok().flatten() else {
+            return Ok(false);
         };
         tracing::warn!(vg = %self.vg, thin, device_id = id,
             "deleting a thin device no LV has (an lvcreate killed mid-run left it), then creating again");
         lvm::delete_thin_device(&target.mapping, id).await?;
-        lvm::change(args).await
+        Ok(true)
     }
 
     /// The size of a new volume, its room checked where the pool checks

@@ -211,7 +211,11 @@ impl LvmPool {
 
     /// Activates one of the pool's LVs by name.
     async fn activate_lv(&self, lv: &str) -> Result<()> {
-        lvm::activate(&self.lv_path(lv)).await?;
+        let path = self.lv_path(lv);
+        match lvm::activate(&path).await {
+            Err(e) if self.repair_component(&e).await? => lvm::activate(&path).await?,
+            done => done?,
+        }
         self.index.forget(lv);
         Ok(())
     }
