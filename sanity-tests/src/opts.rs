@@ -80,6 +80,12 @@ pub struct DriverOpts {
     /// Extra `localvol serve` arguments (e.g. `--kube-api URL`:
     /// [`replace`](crate::replace)).
     pub args: Vec<String>,
+    /// Run the driver in a process group of its own, with every program it
+    /// runs, for [`Driver::kill9_then`](crate::Driver::kill9_then) (the kill
+    /// campaigns). Off elsewhere: when a killed group leader leaves a
+    /// stopped program behind (a test holding a copy with SIGSTOP), the
+    /// kernel hangs up on the orphaned group, and the program dies.
+    pub own_process_group: bool,
 }
 
 impl Default for DriverOpts {
@@ -98,6 +104,7 @@ impl Default for DriverOpts {
             metrics_addr: None,
             env: Vec::new(),
             args: Vec::new(),
+            own_process_group: false,
         }
     }
 }

@@ -198,9 +198,10 @@ impl Driver {
         cmd.stdin(Stdio::null())
             .stdout(log.try_clone().unwrap())
             .stderr(log);
-        // A group of its own, with every program it runs: see
-        // [`Driver::kill9_then`].
-        cmd.process_group(0);
+        if self.opts.own_process_group {
+            // With every program it runs: see [`Driver::kill9_then`].
+            cmd.process_group(0);
+        }
         // Never outlive the test process, even when it is killed.
         unsafe {
             cmd.pre_exec(|| {
@@ -300,6 +301,11 @@ impl Driver {
     /// driver started next. Returns the programs that ran at the kill
     /// (`name[pid]`).
     pub fn kill9_then(&mut self, programs: Programs) -> Vec<String> {
+        assert!(
+            self.opts.own_process_group,
+            "kill9_then needs DriverOpts::own_process_group (the driver's programs are found by \
+             its process group)"
+        );
         self.csi = None;
         let mut child = self.child.take().expect("driver is not running");
         let pgid = child.id() as i32;
@@ -488,7 +494,11 @@ impl Drop for Driver {
         self.csi = None;
         if let Some(mut child) = self.child.take() {
             // Its programs too (a failed test may leave one stalled).
-            let _ = nix::sys::signal::killpg(
+            let kill = match self.opts.own_process_group {
+                true => nix::sys::signal::killpg,
+                false => nix::sys::signal::kill,
+            };
+            let _ = kill(
                 nix::unistd::Pid::from_raw(child.id() as i32),
                 nix::sys::signal::Signal::SIGKILL,
             );

@@ -101,9 +101,10 @@ async fn dir_pool_survives_random_kills_mid_lifecycle() {
     );
     let started = std::time::Instant::now();
 
-    let mut d = Driver::start(DriverOpts::with_pool(
-        PoolOpts::new("default").default_size("1Mi"),
-    ))
+    let mut d = Driver::start(DriverOpts {
+        own_process_group: true,
+        ..DriverOpts::with_pool(PoolOpts::new("default").default_size("1Mi"))
+    })
     .await;
     let plan = Plan::plain(MI);
     let out = faults::kill_campaign("fault_injection", &mut d, plan.clone(), &knobs).await;

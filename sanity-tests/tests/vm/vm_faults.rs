@@ -283,7 +283,17 @@ async fn random_kills_mid_lifecycle(kind: Kind, encrypted: bool) {
         knobs.kills, knobs.concurrency, knobs.window_ms, knobs.programs
     );
     let started = Instant::now();
-    let mut f = Fx::new(kind).await;
+    let mut f = Fx::start_with(
+        kind,
+        Fx::VG_BYTES,
+        Fx::THIN_BYTES,
+        |o| o,
+        |d| DriverOpts {
+            own_process_group: true,
+            ..d
+        },
+    )
+    .await;
     let _watchdog = Watchdog::start(
         label.clone(),
         env_u64_or("FAULT_WATCHDOG_SECS", 900),
