@@ -215,6 +215,17 @@ pub(super) fn report_args(cmd: &str, fields: &str) -> Vec<String> {
     .collect()
 }
 
+/// An lvm run that failed with exit code 5 and `stderr` (tests).
+#[cfg(test)]
+pub(crate) fn failed(stderr: &str) -> CommandError {
+    CommandError::Failed {
+        program: "lvm".into(),
+        code: Some(5),
+        stdout: String::new(),
+        stderr: stderr.into(),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -320,14 +331,7 @@ mod tests {
         assert_eq!(active_component(&LvmError::NotFound("vg/tp".into())), None);
     }
 
-    fn failed(stderr: &str) -> CommandError {
-        CommandError::Failed {
-            program: "lvm".into(),
-            code: Some(5),
-            stdout: String::new(),
-            stderr: stderr.into(),
-        }
-    }
+    use super::failed;
 
     #[test]
     fn classifies_recorded_failures() {

@@ -475,6 +475,24 @@ mod tests {
     use super::*;
     use clap::Parser;
 
+    /// A driver on an embedded dir pool below `dir`, serving `endpoint`.
+    fn serve_options(endpoint: &Endpoint, dir: &std::path::Path) -> localvol::server::ServeOptions {
+        localvol::server::ServeOptions {
+            endpoint: endpoint.clone(),
+            node_id: "node-a".into(),
+            driver_name: "localvol.csi.dev".into(),
+            config: localvol::config::Config::embedded(&dir.join("pools")),
+            kubelet_dir: dir.join("kubelet"),
+            socket_group: None,
+            metrics_addr: None,
+            liveness_addr: None,
+            liveness_deadline: Duration::from_secs(60),
+            namespace: "localvol".into(),
+            kube_api: None,
+            pool_check_interval: Duration::from_secs(3600),
+            metrics_wait: Duration::from_secs(5),
+        }
+    }
     #[derive(Parser)]
     struct Cli {
         #[command(flatten)]
@@ -695,7 +713,7 @@ mod tests {
     /// last reason when nothing answers.
     #[tokio::test]
     async fn probe_wait_returns_once_the_pools_are_open() {
-        use localvol::server::{build_driver, serve_opening, ServeOptions};
+        use localvol::server::{build_driver, serve_opening};
         let dir = tempfile::tempdir().unwrap();
         let endpoint = Endpoint::Unix(dir.path().join("csi.sock"));
         let t = Duration::from_secs(5);
@@ -709,21 +727,7 @@ mod tests {
             "{e}"
         );
 
-        let opts = ServeOptions {
-            endpoint: endpoint.clone(),
-            node_id: "node-a".into(),
-            driver_name: "localvol.csi.dev".into(),
-            config: localvol::config::Config::embedded(&dir.path().join("pools")),
-            kubelet_dir: dir.path().join("kubelet"),
-            socket_group: None,
-            metrics_addr: None,
-            liveness_addr: None,
-            liveness_deadline: Duration::from_secs(60),
-            namespace: "localvol".into(),
-            kube_api: None,
-            pool_check_interval: Duration::from_secs(3600),
-            metrics_wait: Duration::from_secs(5),
-        };
+        let opts = serve_options(&endpoint, dir.path());
         let (go, opening) = tokio::sync::oneshot::channel::<()>();
         let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
         let waiter = {
@@ -807,24 +811,10 @@ mod tests {
     /// error is that status, worded as the other commands' errors.
     #[tokio::test]
     async fn metadata_errors_are_the_drivers_status() {
-        use localvol::server::{serve, ServeOptions};
+        use localvol::server::serve;
         let dir = tempfile::tempdir().unwrap();
         let endpoint = Endpoint::Unix(dir.path().join("csi.sock"));
-        let opts = ServeOptions {
-            endpoint: endpoint.clone(),
-            node_id: "node-a".into(),
-            driver_name: "localvol.csi.dev".into(),
-            config: localvol::config::Config::embedded(&dir.path().join("pools")),
-            kubelet_dir: dir.path().join("kubelet"),
-            socket_group: None,
-            metrics_addr: None,
-            liveness_addr: None,
-            liveness_deadline: Duration::from_secs(60),
-            namespace: "localvol".into(),
-            kube_api: None,
-            pool_check_interval: Duration::from_secs(3600),
-            metrics_wait: Duration::from_secs(5),
-        };
+        let opts = serve_options(&endpoint, dir.path());
         let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
         let server = tokio::spawn(async move {
             serve(opts, async {

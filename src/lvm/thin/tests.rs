@@ -340,14 +340,7 @@ async fn a_large_map_streams_through_the_real_tools() {
 /// failure names none.
 #[test]
 fn finds_the_orphan_device_an_lvcreate_met() {
-    let failed = |stderr: &str| {
-        LvmError::Command(CommandError::Failed {
-            program: "lvm".into(),
-            code: Some(5),
-            stdout: String::new(),
-            stderr: stderr.into(),
-        })
-    };
+    let failed = |stderr: &str| LvmError::Command(crate::lvm::run::failed(stderr));
     let met = "  device-mapper: message ioctl on  (254:2) failed: File exists\n  \
         Failed to process message \"create_snap 8 6\".\n  \
         Thin pool lvt142n16-tp-tpool (254:2) already contain thin device with device_id 8.\n  \
