@@ -5,7 +5,7 @@
 //! The tools read the pool's *metadata snapshot*, of which a pool holds at
 //! most one. Here is who holds it:
 //!
-//! - one call at a time per thin pool ([`pool_lock`], process-wide, by VG
+//! - one call at a time per thin pool ([`METADATA_LOCKS`], process-wide, by VG
 //!   and thin pool: two configured pools over one thin pool share it);
 //!   other calls wait for it, or go when their caller gives up;
 //! - before reserving, a metadata snapshot the kernel says is held (its
@@ -18,29 +18,21 @@
 //!   client gone): a drop cannot wait, so it spawns the release, which
 //!   keeps the pool's lock until it is done. Never longer than one call.
 
-use std::collections::BTreeMap;
 use std::path::PathBuf;
-use std::sync::{Arc, Mutex};
 
 use async_trait::async_trait;
 use tokio::sync::OwnedMutexGuard;
 
+use super::locks::ThinPoolLocks;
 use super::*;
 use crate::lvm::{BlockRuns, Run};
 use crate::pool::{BlockMaps, Extent, Extents, MappedSnapshot, Window};
 
-/// The lock of each thin pool's metadata snapshot, by `vg/thin`.
-static POOL_LOCKS: Mutex<BTreeMap<String, Arc<tokio::sync::Mutex<()>>>> =
-    Mutex::new(BTreeMap::new());
-
-/// The lock of `vg/thin`'s metadata snapshot.
-fn pool_lock(vg: &str, thin: &str) -> Arc<tokio::sync::Mutex<()>> {
-    let mut all = POOL_LOCKS.lock().unwrap_or_else(|e| e.into_inner());
-    all.entry(format!("{vg}/{thin}")).or_default().clone()
-}
+/// The lock of each thin pool's metadata snapshot.
+static METADATA_LOCKS: ThinPoolLocks = ThinPoolLocks::new();
 
 /// The thin pool's target as the kernel has it now (None: not active).
-async fn target(vg: &str, thin: &str) -> Result<Option<crate::dm::ThinPoolTarget>> {
+pub(super) async fn target(vg: &str, thin: &str) -> Result<Option<crate::dm::ThinPoolTarget>> {
     let (vg, thin) = (vg.to_owned(), thin.to_owned());
     Ok(crate::error::blocking(move || {
         crate::dm::thin_pool_target(&vg, &thin)
@@ -69,7 +61,7 @@ impl HeldMetadata {
     /// reserves one. An inactive pool is activated first (its snapshots'
     /// maps are in its metadata whether they are active or not).
     pub(super) async fn reserve(vg: &str, thin: &str) -> Result<Self> {
-        let lock = pool_lock(vg, thin).lock_owned().await;
+        let lock = METADATA_LOCKS.of(vg, thin).lock_owned().await;
         let t = match target(vg, thin).await? {
             Some(t) => t,
             None => {
@@ -199,7 +191,7 @@ pub(super) async fn release_left_held(pool: &LvmPool) {
         return;
     };
     let vg = pool.vg.as_str();
-    let _lock = pool_lock(vg, thin).lock_owned().await;
+    let _lock = METADATA_LOCKS.of(vg, thin).lock_owned().await;
     let res = async {
         if let Some(t) = target(vg, thin).await? {
             if let Some(root) = t.status.held_root {

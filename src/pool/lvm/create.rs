@@ -2,32 +2,25 @@
 //! `lvcreate`, and the volume it made.
 
 use super::super::{CreateRequest, PoolError, Result, Volume};
+use super::locks::ThinPoolLocks;
 use super::*;
 
-/// One lock per thin pool (`vg/thin`) for its creates and the repair of
-/// [`LvmPool::lvcreate`]: process-wide, as two configured pools may share a
-/// thin pool. It costs nothing: lvm holds the VG's lock for each of them.
-static THIN_CREATES: std::sync::Mutex<
-    std::collections::BTreeMap<String, Arc<tokio::sync::Mutex<()>>>,
-> = std::sync::Mutex::new(std::collections::BTreeMap::new());
+/// One lock per thin pool for its creates and their repairs
+/// ([`LvmPool::lvcreate`]). It costs nothing: lvm holds the VG's lock for
+/// each create anyway.
+static THIN_CREATES: ThinPoolLocks = ThinPoolLocks::new();
 
 impl LvmPool {
     /// Runs an `lvcreate` (`args`) in this pool, repairing each state an
     /// lvm killed mid-run (the driver's container killed with it) leaves
     /// that fails every later create ([`LvmPool::repair_component`],
-    /// [`LvmPool::repair_orphan`]) and trying again, twice at most. In a thin pool it runs under the pool's create lock:
-    /// process-wide, as two configured pools may share a thin pool; it
-    /// costs nothing, as lvm holds the VG's lock for each create anyway.
+    /// [`LvmPool::repair_orphan`]) and trying again, twice at most. In a
+    /// thin pool it runs under the pool's create lock ([`THIN_CREATES`]).
     pub(super) async fn lvcreate(&self, args: Vec<String>) -> std::result::Result<(), LvmError> {
         let Some(thin) = &self.thin else {
             return lvm::change(args).await;
         };
-        let lock = {
-            let mut all = THIN_CREATES.lock().unwrap_or_else(|e| e.into_inner());
-            all.entry(format!("{}/{thin}", self.vg))
-                .or_default()
-                .clone()
-        };
+        let lock = THIN_CREATES.of(&self.vg, thin);
         let _creates = lock.lock().await;
         let mut result = lvm::change(args.clone()).await;
         for _ in 0..2 {
@@ -89,14 +82,8 @@ impl LvmPool {
                 "lvcreate met a thin device id that an LV has: not touched");
             return Ok(false);
         }
-        let (vg, t) = (self.vg.clone(), thin.clone());
-        let target = crate::error::blocking(move || {
-            crate::dm::thin_pool_target(&vg, &t)
-                .map_err(|e| crate::error::IoError::new("reading the thin pool's status", e))
-        })
-        .await;
         // Not readable, or not active: nothing to repair here.
-        let Some(target) = target.ok().flatten() else {
+        let Some(target) = super::blockmap::target(&self.vg, thin).await.ok().flatten() else {
             return Ok(false);
         };
         tracing::warn!(vg = %self.vg, thin, device_id = id,

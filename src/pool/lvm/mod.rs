@@ -53,6 +53,7 @@ mod create;
 mod delete;
 mod health;
 mod index;
+mod locks;
 mod node;
 mod restore;
 mod snapshots;
