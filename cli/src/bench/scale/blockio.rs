@@ -92,20 +92,26 @@ pub fn size_of(f: &File) -> io::Result<u64> {
     f.seek(io::SeekFrom::End(0))
 }
 
+/// The pieces of at most [`IO_SIZE`] bytes that cover each `(offset,
+/// length)` range, in order: `(range's offset, piece's offset, piece's
+/// length)`.
+fn pieces(ranges: &[(u64, u64)]) -> impl Iterator<Item = (u64, u64, usize)> + '_ {
+    ranges.iter().flat_map(|&(o, l)| {
+        (o..o + l)
+            .step_by(IO_SIZE)
+            .map(move |at| (o, at, (o + l - at).min(IO_SIZE as u64) as usize))
+    })
+}
+
 /// Writes stream `stream`'s pattern over each `(offset, length)` range,
 /// then fsyncs; returns the time taken.
 pub fn write_ranges(f: &File, ranges: &[(u64, u64)], stream: u64) -> io::Result<Duration> {
     let start = Instant::now();
     let mut buf = AlignedBuf::new(IO_SIZE);
-    for &(o, l) in ranges {
-        let mut at = o;
-        while at < o + l {
-            let n = (o + l - at).min(IO_SIZE as u64) as usize;
-            let b = buf.get(n);
-            pattern(b, stream, at);
-            f.write_all_at(b, at)?;
-            at += n as u64;
-        }
+    for (_, at, n) in pieces(ranges) {
+        let b = buf.get(n);
+        pattern(b, stream, at);
+        f.write_all_at(b, at)?;
     }
     f.sync_all()?;
     Ok(start.elapsed())
@@ -124,16 +130,11 @@ pub fn read_ranges(f: &File, ranges: &[(u64, u64)]) -> io::Result<ReadOutcome> {
     let start = Instant::now();
     let mut buf = AlignedBuf::new(IO_SIZE);
     let (mut sum, mut bytes) = (Checksum::default(), 0);
-    for &(o, l) in ranges {
-        let mut at = o;
-        while at < o + l {
-            let n = (o + l - at).min(IO_SIZE as u64) as usize;
-            let b = buf.get(n);
-            f.read_exact_at(b, at)?;
-            sum.update(b);
-            at += n as u64;
-            bytes += n as u64;
-        }
+    for (_, at, n) in pieces(ranges) {
+        let b = buf.get(n);
+        f.read_exact_at(b, at)?;
+        sum.update(b);
+        bytes += n as u64;
     }
     Ok(ReadOutcome {
         took: start.elapsed(),
@@ -146,17 +147,12 @@ pub fn read_ranges(f: &File, ranges: &[(u64, u64)]) -> io::Result<ReadOutcome> {
 pub fn first_mismatch(f: &File, ranges: &[(u64, u64)], stream: u64) -> io::Result<Option<u64>> {
     let mut buf = AlignedBuf::new(IO_SIZE);
     let mut want = vec![0u8; IO_SIZE];
-    for &(o, l) in ranges {
-        let mut at = o;
-        while at < o + l {
-            let n = (o + l - at).min(IO_SIZE as u64) as usize;
-            let b = buf.get(n);
-            f.read_exact_at(b, at)?;
-            pattern(&mut want[..n], stream, at);
-            if b != &want[..n] {
-                return Ok(Some(o));
-            }
-            at += n as u64;
+    for (o, at, n) in pieces(ranges) {
+        let b = buf.get(n);
+        f.read_exact_at(b, at)?;
+        pattern(&mut want[..n], stream, at);
+        if b != &want[..n] {
+            return Ok(Some(o));
         }
     }
     Ok(None)
