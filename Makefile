@@ -272,20 +272,26 @@ test-image: image-programs
 # The binary and the script are copied to a private dir first (a concurrent build
 # or edit cannot change them under the running guest). Slow: TCG emulation.
 BENCH_VM_TIMEOUT ?= 3600
+# The VM benchmarks' one recipe: `$(call vm-bench,TARGET,SCRIPT,MEM,ENV)` copies the release
+# binary and vm/SCRIPT to a private dir, runs SCRIPT in the guest with MEM MB of memory and the
+# environment variables named in ENV passed in, and says how long the VM run took.
+define vm-bench
+vm/setup
+@set -eu; \
+mkdir -p $(CURDIR)/target; \
+dir=$$(mktemp -d $(CURDIR)/target/vm-$(1).XXXXXX); \
+trap 'rm -rf "$$dir"' EXIT; \
+$(CARGO) build --release --locked --bin localvol; \
+cp $(BIN) vm/$(2) "$$dir/"; \
+start=$$(date +%s); \
+rc=0; \
+VM_PASS_ENV="$(4)" \
+	vm/run --mem $(3) --timeout $(BENCH_VM_TIMEOUT) -- "$$dir/$(2)" "$$dir/localvol" || rc=$$?; \
+echo "$(1): VM run took $$(($$(date +%s) - start)) s, exit $$rc" >&2; \
+exit $$rc
+endef
 bench-vm:
-	vm/setup
-	@set -eu; \
-	mkdir -p $(CURDIR)/target; \
-	dir=$$(mktemp -d $(CURDIR)/target/vm-bench.XXXXXX); \
-	trap 'rm -rf "$$dir"' EXIT; \
-	$(CARGO) build --release --locked --bin localvol; \
-	cp $(BIN) vm/bench-lvm "$$dir/"; \
-	start=$$(date +%s); \
-	rc=0; \
-	VM_PASS_ENV="BENCH_VOLUMES BENCH_CONCURRENCY BENCH_ROUNDS BENCH_FS BENCH_POOLS BENCH_WIPE_VOLUMES BENCH_WIPE_SIZE BENCH_LOG_DIR RUST_LOG" \
-		vm/run --mem 2048 --timeout $(BENCH_VM_TIMEOUT) -- "$$dir/bench-lvm" "$$dir/localvol" || rc=$$?; \
-	echo "bench-vm: VM run took $$(($$(date +%s) - start)) s, exit $$rc" >&2; \
-	exit $$rc
+	$(call vm-bench,bench-vm,bench-lvm,2048,BENCH_VOLUMES BENCH_CONCURRENCY BENCH_ROUNDS BENCH_FS BENCH_POOLS BENCH_WIPE_VOLUMES BENCH_WIPE_SIZE BENCH_LOG_DIR RUST_LOG)
 
 # Changed-block tracking in the VM (docs/backups.md, "What it saves a backup"): a thin raw block
 # volume of CBT_SIZE written whole, snapshotted, CBT_CHANGED percent overwritten in CBT_CHUNK
@@ -301,19 +307,7 @@ bench-vm:
 # script are copied to a private dir first, as for bench-vm. Slow: TCG emulation.
 CBT_VM_MEM ?= 7168
 bench-cbt:
-	vm/setup
-	@set -eu; \
-	mkdir -p $(CURDIR)/target; \
-	dir=$$(mktemp -d $(CURDIR)/target/vm-bench-cbt.XXXXXX); \
-	trap 'rm -rf "$$dir"' EXIT; \
-	$(CARGO) build --release --locked --bin localvol; \
-	cp $(BIN) vm/bench-cbt "$$dir/"; \
-	start=$$(date +%s); \
-	rc=0; \
-	VM_PASS_ENV="CBT_SIZE CBT_CHANGED CBT_CHUNK CBT_ROUNDS CBT_SEED CBT_POOL_CHUNK CBT_TABLE BENCH_LOG_DIR RUST_LOG" \
-		vm/run --mem $(CBT_VM_MEM) --timeout $(BENCH_VM_TIMEOUT) -- "$$dir/bench-cbt" "$$dir/localvol" || rc=$$?; \
-	echo "bench-cbt: VM run took $$(($$(date +%s) - start)) s, exit $$rc" >&2; \
-	exit $$rc
+	$(call vm-bench,bench-cbt,bench-cbt,$(CBT_VM_MEM),CBT_SIZE CBT_CHANGED CBT_CHUNK CBT_ROUNDS CBT_SEED CBT_POOL_CHUNK CBT_TABLE BENCH_LOG_DIR RUST_LOG)
 
 bench: build
 	@echo "Start the driver, then: $(BIN) bench --endpoint unix://$(SOCKET) --volumes 2000 --concurrency 4"
