@@ -476,8 +476,12 @@ async fn killer(
         }
         // It waits for the process and its programs: off the runtime's
         // threads.
-        tokio::task::block_in_place(|| d.kill9_then(knobs.programs));
+        let running = tokio::task::block_in_place(|| d.kill9_then(knobs.programs));
         kills += 1;
+        if !running.is_empty() {
+            // Shown with a failure: what each kill cut short.
+            eprintln!("{label}: kill {kills} met {}", running.join(" "));
+        }
         if kills.is_multiple_of(5) {
             let line = format!(
                 "{label}: {kills} kills, {} lifecycles, {:.0?}",
