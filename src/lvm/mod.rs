@@ -238,6 +238,14 @@ pub(crate) async fn activate(lv_path: &str) -> Result<(), LvmError> {
     .await
 }
 
+/// Makes the `/dev` nodes of `VG/LV` that are missing (`vgmknodes`): an
+/// lvm killed between resuming a device and making its nodes, on a node
+/// without udev, leaves the LV active with neither `/dev/VG/LV` nor
+/// `/dev/mapper/VG-LV`, and activating it again does not make them.
+pub(crate) async fn make_nodes(lv_path: &str) -> Result<(), LvmError> {
+    change(vec!["vgmknodes".into(), lv_path.to_owned()]).await
+}
+
 /// Deactivates `VG/LV` (one not active is fine).
 pub(crate) async fn deactivate(lv_path: &str) -> Result<(), LvmError> {
     change(vec![

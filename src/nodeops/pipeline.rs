@@ -125,10 +125,17 @@ pub enum Step {
     Filesystem,
 }
 
-/// The steps of NodeStage for a volume, from facts alone.
-pub fn stage_steps(vol: &Volume, src: &Source, encrypted: bool, stages_dirs: bool) -> Vec<Step> {
+/// The steps of NodeStage for a volume, from facts alone: `activate` as
+/// [`needs_activation`] found it.
+pub fn stage_steps(
+    vol: &Volume,
+    src: &Source,
+    encrypted: bool,
+    stages_dirs: bool,
+    activate: bool,
+) -> Vec<Step> {
     let mut steps = Vec::new();
-    if vol.inactive {
+    if activate {
         steps.push(Step::Activate);
     }
     if encrypted {
@@ -176,6 +183,22 @@ pub fn filesystem_steps(staged: bool, unformatted: bool, grow: bool) -> Vec<FsSt
     steps
 }
 
+/// Whether the pool must make `vol` usable on the node first: it says the
+/// volume is inactive, or the device the volume lives on (an encrypted
+/// one's backing device) has no node, as an lvm killed between resuming
+/// the device and making its nodes leaves it.
+async fn needs_activation(vol: &Volume, src: &Source, enc: Option<&Encrypted>) -> Result<bool> {
+    if vol.inactive {
+        return Ok(true);
+    }
+    let dev = match (enc, src) {
+        (Some(enc), _) => enc.backing.clone(),
+        (None, Source::Device(dev)) => dev.clone(),
+        (None, Source::Directory(_)) => return Ok(false),
+    };
+    blocking(move || Ok::<_, StepError>(!dev.exists())).await
+}
+
 /// NodeStageVolume's steps for `vol` of `pool`.
 pub async fn stage<P: NodeSide + ?Sized>(pool: &P, vol: &Volume, req: Stage) -> Result<()> {
     let enc = pool.encrypted(vol)?;
@@ -187,7 +210,18 @@ pub async fn stage<P: NodeSide + ?Sized>(pool: &P, vol: &Volume, req: Stage) -> 
         mount,
         key,
     } = req;
-    for step in stage_steps(vol, &src, enc.is_some(), pool.stages_directories()) {
+    if enc.is_some() && key.is_none() {
+        // Refused before anything is touched, activation included.
+        return Err(StepError::KeyRequired { id: vol.id.clone() });
+    }
+    let activate = needs_activation(vol, &src, enc.as_ref()).await?;
+    for step in stage_steps(
+        vol,
+        &src,
+        enc.is_some(),
+        pool.stages_directories(),
+        activate,
+    ) {
         match step {
             Step::Activate => pool.activate(vol).await?,
             Step::OpenEncryption => {
@@ -430,7 +464,7 @@ pub async fn publish<P: NodeSide + ?Sized>(pool: &P, vol: &Volume, req: Publish)
     let access = vol.access_type;
     match publish_from(&src, access, pool.stages_directories()) {
         PublishFrom::Device => {
-            if vol.inactive {
+            if needs_activation(vol, &src, None).await? {
                 pool.activate(vol).await?;
             }
             let (dev, target) = (source_path(&src), req.target);

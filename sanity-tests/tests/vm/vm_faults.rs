@@ -42,6 +42,7 @@ thick_and_thin!(
     pool_full_mid_write,
     driver_killed_while_stage_waits_on_busy_device,
     slow_lvm_is_not_a_broken_pool,
+    lv_left_without_its_device_is_made_usable,
 );
 
 // ---------------------------------------------------------------------------
@@ -280,7 +281,12 @@ async fn random_kills_mid_lifecycle(kind: Kind, encrypted: bool) {
     eprintln!(
         "{label}: seed {seed} (replay with FAULT_SEED={seed}), kills >= {}, concurrency {}, \
          kill window {} ms, the driver's programs at a kill: {:?}",
-        knobs.kills, knobs.concurrency, knobs.window_ms, knobs.programs
+        knobs.kills,
+        knobs.concurrency,
+        knobs.window_ms,
+        knobs
+            .programs
+            .map_or("either, per kill".to_owned(), |p| format!("{p:?}"))
     );
     let started = Instant::now();
     let mut f = Fx::start_with(
@@ -323,7 +329,7 @@ async fn random_kills_mid_lifecycle(kind: Kind, encrypted: bool) {
 
     // One last kill with no call in flight: what follows is what a fresh
     // process finds on the node.
-    f.d.kill9_then(knobs.programs);
+    f.d.kill9_then(knobs.programs.unwrap_or(Programs::Kill));
     f.d.start_again_retrying().await;
     let kept: BTreeSet<String> = out.kept.keys().cloned().collect();
     let when = format!("{label}: seed {seed}, after the kills");
@@ -1417,6 +1423,117 @@ async fn thin_pool_component_left_active_is_deactivated() {
     );
     use_and_delete(&f, &vol.volume_id, &staging, "component", "ext4").await;
     let when = "a thin pool's component left active";
+    assert_holds_exactly(&f, &BTreeSet::new(), when).await;
+    stop_cleanly(&mut f, when).await;
+}
+
+/// The device-mapper name of an LV (dashes doubled in both parts).
+fn dm_name(vg: &str, lv: &str) -> String {
+    format!("{}-{}", vg.replace('-', "--"), lv.replace('-', "--"))
+}
+
+/// Leaves `id`'s LV as an lvm killed between loading its table and
+/// resuming it does (`-wi-i-----`: a device with an inactive table only,
+/// no /dev nodes): deactivated, then its device made again from the table
+/// it had, loaded and not resumed.
+fn leave_inactive_table(f: &Fx, id: &str) {
+    let (vg, lv) = (f.vg.vg.clone(), lv_name(id));
+    let name = dm_name(&vg, &lv);
+    let table = run_cmd("dmsetup", &["table", &name]);
+    let uuid = run_cmd(
+        "dmsetup",
+        &["info", "-c", "--noheadings", "-o", "uuid", &name],
+    );
+    run_cmd("lvm", &["lvchange", "-qq", "-an", &format!("{vg}/{lv}")]);
+    run_cmd(
+        "dmsetup",
+        &["create", "--notable", &name, "-u", uuid.trim()],
+    );
+    run_cmd("dmsetup", &["load", &name, "--table", table.trim()]);
+    let attr = run_cmd(
+        "lvm",
+        &[
+            "lvs",
+            "--noheadings",
+            "-o",
+            "lv_attr",
+            &format!("{vg}/{lv}"),
+        ],
+    );
+    assert_eq!(
+        attr.trim().chars().nth(4),
+        Some('i'),
+        "made by hand: {attr}"
+    );
+    assert!(!f.vg.dev_path(&lv).exists(), "made by hand: no device node");
+}
+
+/// Leaves `id`'s LV as an lvm killed between resuming its device and
+/// making its nodes does on a node without udev: active, no /dev nodes.
+fn remove_device_nodes(f: &Fx, id: &str) {
+    let lv = lv_name(id);
+    let mapper = PathBuf::from(format!("/dev/mapper/{}", dm_name(&f.vg.vg, &lv)));
+    for p in [f.vg.dev_path(&lv), mapper] {
+        fs::remove_file(&p).unwrap_or_else(|e| panic!("removing {p:?}: {e}"));
+    }
+}
+
+/// A killed lvm can leave an LV that nothing can open: active without its
+/// /dev nodes (`lvchange -ay` does not make them), or with an inactive
+/// table only. Both made by hand, behind the driver's back (its index still
+/// has them active): NodeStage and NodePublish of a filesystem and a raw
+/// block volume make them usable, and they are used and deleted.
+async fn lv_left_without_its_device_is_made_usable(kind: Kind) {
+    let mut f = Fx::new(kind).await;
+    let fs_vol = must(
+        "CreateVolume fs",
+        f.create(fs_req("nodes-fs", VOLUME, "ext4")).await,
+    )
+    .volume_id;
+    let mut req = create_req("nodes-blk");
+    req.capacity_range = Some(range(VOLUME, 0));
+    req.volume_capabilities = vec![blk()];
+    let blk_vol = must("CreateVolume block", f.create(req).await).volume_id;
+    leave_inactive_table(&f, &fs_vol);
+    remove_device_nodes(&f, &blk_vol);
+
+    let staging = f.d.staging_path("nodes-fs");
+    must(
+        "NodeStage of an LV with an inactive table only",
+        f.d.node()
+            .node_stage_volume(fs_stage_req(&fs_vol, &staging, "ext4"))
+            .await,
+    );
+    use_and_delete(&f, &fs_vol, &staging, "nodes-fs", "ext4").await;
+
+    let (staging, target) = (f.d.staging_path("nodes-blk"), f.d.target_path("nodes-blk"));
+    let mut stage = stage_req(&blk_vol, &staging);
+    stage.volume_capability = Some(blk());
+    must(
+        "NodeStage of an active LV without device nodes",
+        f.d.node().node_stage_volume(stage).await,
+    );
+    let mut publish = publish_req(&blk_vol, &staging, &target, false);
+    publish.volume_capability = Some(blk());
+    must(
+        "NodePublish of it",
+        f.d.node().node_publish_volume(publish).await,
+    );
+    let is_block = fs::metadata(&target).map(|m| {
+        use std::os::unix::fs::FileTypeExt;
+        m.file_type().is_block_device()
+    });
+    assert!(matches!(is_block, Ok(true)), "{target:?}: {is_block:?}");
+    f.d.unpublish(&blk_vol, &target).await;
+    f.d.unstage(&blk_vol, &staging).await;
+    f.d.delete(&blk_vol).await;
+
+    let log = fs::read_to_string(f.d.log_path()).unwrap();
+    assert!(
+        log.contains("an active LV has no device node"),
+        "the driver's log should say it made a missing device node"
+    );
+    let when = "LVs left without their device";
     assert_holds_exactly(&f, &BTreeSet::new(), when).await;
     stop_cleanly(&mut f, when).await;
 }

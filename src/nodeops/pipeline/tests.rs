@@ -97,20 +97,28 @@ fn dir(p: &Path) -> Source {
 fn stage_steps_follow_the_volume_kind() {
     let d = dir(Path::new("/x"));
     let mut v = volume(AccessType::Mount);
-    assert_eq!(stage_steps(&v, &d, false, true), [Step::BindDirectory]);
-    assert_eq!(stage_steps(&v, &d, false, false), [Step::CheckDirectory]);
-    assert_eq!(stage_steps(&v, &dev(), false, true), [Step::Filesystem]);
+    assert_eq!(
+        stage_steps(&v, &d, false, true, false),
+        [Step::BindDirectory]
+    );
+    assert_eq!(
+        stage_steps(&v, &d, false, false, false),
+        [Step::CheckDirectory]
+    );
+    assert_eq!(
+        stage_steps(&v, &dev(), false, true, false),
+        [Step::Filesystem]
+    );
     v.access_type = AccessType::Block;
     assert_eq!(
-        stage_steps(&v, &dev(), false, true),
+        stage_steps(&v, &dev(), false, true, false),
         [Step::CheckStagingPath]
     );
     // Activation, then the mapping, then the rest: the mapping needs the
     // LV, the filesystem needs the mapping.
-    v.inactive = true;
     v.access_type = AccessType::Mount;
     assert_eq!(
-        stage_steps(&v, &dev(), true, true),
+        stage_steps(&v, &dev(), true, true, true),
         [Step::Activate, Step::OpenEncryption, Step::Filesystem]
     );
 }
@@ -185,9 +193,15 @@ async fn a_raw_block_stage_activates_and_mounts_nothing() {
     v.inactive = true;
     stage(&pool, &v, stage_req(t.path(), None)).await.unwrap();
     assert_eq!(pool.calls(), ["activate"]);
-    // Active: nothing asked of the pool at all.
-    let pool = FakePool::new(dev());
+    // Active, but its device has no node (an lvm killed before making it):
+    // the pool is asked to make it usable all the same.
     v.inactive = false;
+    stage(&pool, &v, stage_req(t.path(), None)).await.unwrap();
+    assert_eq!(pool.calls(), ["activate", "activate"]);
+    // Active with its device there: nothing asked of the pool at all.
+    let device = t.path().join("device");
+    std::fs::write(&device, b"").unwrap();
+    let pool = FakePool::new(Source::Device(device));
     stage(&pool, &v, stage_req(t.path(), None)).await.unwrap();
     assert_eq!(pool.calls(), Vec::<&str>::new());
 }

@@ -210,17 +210,6 @@ impl LvmPool {
         Ok(())
     }
 
-    /// Activates one of the pool's LVs by name.
-    async fn activate_lv(&self, lv: &str) -> Result<()> {
-        let path = self.lv_path(lv);
-        match lvm::activate(&path).await {
-            Err(e) if self.repair_component(&e).await? => lvm::activate(&path).await?,
-            done => done?,
-        }
-        self.index.forget(lv);
-        Ok(())
-    }
-
     /// A CreateVolume whose LV exists already (a retry, or a create cut
     /// short): the LV is the volume asked for, or the request mismatches.
     /// `None`: an LV a cut-short create left could not be finished and was
@@ -498,9 +487,7 @@ impl LvmPool {
     /// whole before its first mkfs.
     async fn finish_create(&self, lv: &LvInfo, wipe: bool) -> Result<()> {
         let path = self.lv_path(&lv.name);
-        if !lv.is_active() {
-            self.activate_lv(&lv.name).await?;
-        }
+        self.make_usable(lv).await?;
         if wipe && self.thin.is_none() {
             let dev = std::path::PathBuf::from(format!("/dev/{path}"));
             crate::blockdev::raw::erase_signatures(&dev).await?;

@@ -12,6 +12,55 @@ use super::*;
 use crate::blockdev::FsType;
 use crate::ids::VolumeId;
 
+impl LvmPool {
+    /// Activates one of the pool's LVs by name, and makes its `/dev` nodes
+    /// when activation left them missing.
+    pub(super) async fn activate_lv(&self, lv: &str) -> Result<()> {
+        let path = self.lv_path(lv);
+        match lvm::activate(&path).await {
+            Err(e) if self.repair_component(&e).await? => lvm::activate(&path).await?,
+            done => done?,
+        }
+        self.index.forget(lv);
+        self.ensure_nodes(lv).await
+    }
+
+    /// Makes an LV that `lvs` reported usable through its device node: an
+    /// LV not active (`-`), or whose device holds only an inactive table
+    /// (`i`, a killed lvcreate) is activated; an active one whose nodes are
+    /// missing gets them.
+    pub(super) async fn make_usable(&self, lv: &LvInfo) -> Result<()> {
+        if lv.is_active() {
+            self.ensure_nodes(&lv.name).await
+        } else {
+            self.activate_lv(&lv.name).await
+        }
+    }
+
+    /// `/dev/VG/LV` of an active LV exists, or `vgmknodes` makes it: lvm
+    /// makes the nodes itself only after resuming the device (on a node
+    /// without udev), so one killed in between leaves an active LV that
+    /// nothing can open, and `lvchange -ay` leaves it so.
+    async fn ensure_nodes(&self, lv: &str) -> Result<()> {
+        let path = self.lv_path(lv);
+        let dev = PathBuf::from(format!("/dev/{path}"));
+        let present =
+            |dev: PathBuf| crate::error::blocking(move || Ok::<_, PoolError>(dev.exists()));
+        if present(dev.clone()).await? {
+            return Ok(());
+        }
+        tracing::warn!(lv = %path, "an active LV has no device node; making it");
+        lvm::make_nodes(&path).await?;
+        if present(dev.clone()).await? {
+            return Ok(());
+        }
+        Err(PoolError::Inconsistent(format!(
+            "{} is still missing after vgmknodes {path}",
+            dev.display()
+        )))
+    }
+}
+
 #[async_trait]
 impl NodeSide for LvmPool {
     fn default_fs_type(&self) -> Option<FsType> {

@@ -255,9 +255,7 @@ impl LvmPool {
             ..
         } = *plan;
         let name = lv_name(&req.id.key);
-        if !lv.is_active() {
-            self.activate_lv(&lv.name).await?;
-        }
+        self.make_usable(lv).await?;
         if lv.has_tag(TAG_RESTORING) {
             let ours = self
                 .copies
@@ -282,9 +280,7 @@ impl LvmPool {
                 // what the volume's user wrote meanwhile: wait for it.
                 return Err(PoolError::CopyStillRunning(self.lv_path(&name)));
             }
-            if !src_lv.is_active() {
-                self.activate_lv(&src_lv.name).await?;
-            }
+            self.make_usable(src_lv).await?;
             // Copy the whole source, so a larger target keeps the source's
             // filesystem intact (it is grown at stage). The copy clears the
             // `restoring` tag when it is complete.
