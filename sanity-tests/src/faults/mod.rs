@@ -134,13 +134,12 @@ pub struct Knobs {
     /// One step that keeps failing with retryable errors this long is a
     /// failure.
     pub step_deadline: Duration,
-    /// What becomes of the programs the driver runs when it is killed
-    /// (`FAULT_KILL_PROGRAMS=1`: they die with it). By default they finish,
-    /// before the driver starts again. Killing them too, as a container's
-    /// death does, finds states that lvm leaves when it is cut short
-    /// mid-run; the driver does not yet recover from all of them (see
-    /// docs/testing.md).
-    pub programs: Programs,
+    /// What becomes of the programs the driver runs when it is killed:
+    /// `FAULT_KILL_PROGRAMS=1`, they die with it, as a container's death
+    /// kills them, cutting lvm short mid-run; `=0`, they finish before the
+    /// driver starts again. Unset (None), each kill picks one of the two
+    /// from the seed, so a campaign meets both (docs/testing.md).
+    pub programs: Option<Programs>,
 }
 
 impl Knobs {
@@ -155,10 +154,10 @@ impl Knobs {
             max_kept: env_u64("FAULT_MAX_KEPT", max_kept),
             rpc_timeout: Duration::from_secs(20),
             step_deadline: Duration::from_secs(120),
-            programs: if env_u64("FAULT_KILL_PROGRAMS", 0) == 1 {
-                Programs::Kill
-            } else {
-                Programs::Finish
+            programs: match std::env::var("FAULT_KILL_PROGRAMS").as_deref() {
+                Ok("1") => Some(Programs::Kill),
+                Ok("0") => Some(Programs::Finish),
+                _ => None,
             },
         }
     }
@@ -476,11 +475,19 @@ async fn killer(
         }
         // It waits for the process and its programs: off the runtime's
         // threads.
-        let running = tokio::task::block_in_place(|| d.kill9_then(knobs.programs));
+        let programs = knobs.programs.unwrap_or(if rng.below(2) == 0 {
+            Programs::Kill
+        } else {
+            Programs::Finish
+        });
+        let running = tokio::task::block_in_place(|| d.kill9_then(programs));
         kills += 1;
         if !running.is_empty() {
             // Shown with a failure: what each kill cut short.
-            eprintln!("{label}: kill {kills} met {}", running.join(" "));
+            eprintln!(
+                "{label}: kill {kills} met {} ({programs:?})",
+                running.join(" ")
+            );
         }
         if kills.is_multiple_of(5) {
             let line = format!(
