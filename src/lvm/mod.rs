@@ -246,6 +246,18 @@ pub(crate) async fn make_nodes(lv_path: &str) -> Result<(), LvmError> {
     change(vec!["vgmknodes".into(), lv_path.to_owned()]).await
 }
 
+/// Reloads the device of the active `VG/LV` from the VG's metadata
+/// (`lvchange --refresh`): it also gives the device the LV's name, when an
+/// lvrename killed mid-run left the old one, and makes its nodes.
+pub(crate) async fn refresh(lv_path: &str) -> Result<(), LvmError> {
+    change(vec![
+        "lvchange".into(),
+        "--refresh".into(),
+        lv_path.to_owned(),
+    ])
+    .await
+}
+
 /// Deactivates `VG/LV` (one not active is fine).
 pub(crate) async fn deactivate(lv_path: &str) -> Result<(), LvmError> {
     change(vec![

@@ -517,3 +517,67 @@ async fn a_thin_pool_that_does_not_zero_is_refused() {
         }
     }
 }
+
+// ---------------------------------------------------------------------------
+// 6. A deleted volume an lvrename killed mid-run left without its device
+// ---------------------------------------------------------------------------
+
+/// The wiper renames a deleted LV to `wp-…` before it zeroes it; an
+/// lvrename killed mid-run (a container's death kills it with the driver)
+/// can leave the new name without `/dev` nodes, or the device still under
+/// its old name (the kill campaign met the first: "opening /dev/VG/wp-…:
+/// No such file or directory", retried forever). Both made by hand with the
+/// driver down; started again, the driver zeroes and removes both, and its
+/// log says it made the missing nodes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs device-mapper: run by make test-vm in the VM"]
+async fn a_wipe_whose_lvrename_was_cut_short_finishes() {
+    require_root();
+    let mut f = small_thick(|o| o).await;
+    let size = 8 * Fx::EXTENT;
+    let mut ids = Vec::new();
+    for name in ["no-nodes", "old-name"] {
+        let v = must("create", f.create(block_req(name, size)).await);
+        let dev = f.vg.dev_path(&lv_name(&v.volume_id));
+        write_at(&dev, 0, &pattern(9, size as usize));
+        ids.push(v.volume_id);
+    }
+    f.d.kill9();
+    let vg = f.vg.vg.clone();
+    let dm = |lv: &str| format!("{}-{}", vg.replace('-', "--"), lv.replace('-', "--"));
+    for (i, id) in ids.iter().enumerate() {
+        let old = lv_name(id);
+        let new = format!("wp-{}-{i:x}", old.trim_start_matches("lv-"));
+        let lv = format!("{vg}/{old}");
+        run_cmd("lvm", &["lvchange", "-qq", "--addtag", TAG_DELETED, &lv]);
+        run_cmd("lvm", &["lvrename", "-qq", &vg, &old, &new]);
+        if i == 1 {
+            // Metadata committed, the device not renamed yet.
+            run_cmd("dmsetup", &["rename", &dm(&new), &dm(&old)]);
+        }
+        for p in [
+            f.vg.dev_path(&new),
+            format!("/dev/mapper/{}", dm(&new)).into(),
+        ] {
+            let _ = fs::remove_file(&p);
+        }
+        assert!(
+            !f.vg.dev_path(&new).exists(),
+            "made by hand: no node for {new}"
+        );
+    }
+    f.d.start_again_retrying().await;
+    f.wait_for_wipes().await;
+    let left = f.lv_names();
+    assert!(left.is_empty(), "LVs left after the wipes: {left:?}");
+    let log = fs::read_to_string(f.d.log_path()).unwrap();
+    assert!(
+        log.matches("an active LV has no device node").count() >= 2,
+        "the driver's log should say it made the missing nodes of both"
+    );
+    let names = run_cmd("dmsetup", &["ls"]);
+    assert!(
+        !names.contains(&dm("lv-")) && !names.contains(&dm("wp-")),
+        "device-mapper devices left: {names}"
+    );
+}

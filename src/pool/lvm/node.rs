@@ -37,28 +37,36 @@ impl LvmPool {
         }
     }
 
-    /// `/dev/VG/LV` of an active LV exists, or `vgmknodes` makes it: lvm
-    /// makes the nodes itself only after resuming the device (on a node
-    /// without udev), so one killed in between leaves an active LV that
-    /// nothing can open, and `lvchange -ay` leaves it so.
     async fn ensure_nodes(&self, lv: &str) -> Result<()> {
-        let path = self.lv_path(lv);
-        let dev = PathBuf::from(format!("/dev/{path}"));
-        let present =
-            |dev: PathBuf| crate::error::blocking(move || Ok::<_, PoolError>(dev.exists()));
-        if present(dev.clone()).await? {
-            return Ok(());
-        }
-        tracing::warn!(lv = %path, "an active LV has no device node; making it");
-        lvm::make_nodes(&path).await?;
-        if present(dev.clone()).await? {
-            return Ok(());
-        }
-        Err(PoolError::Inconsistent(format!(
-            "{} is still missing after vgmknodes {path}",
-            dev.display()
-        )))
+        ensure_nodes(&self.lv_path(lv)).await
     }
+}
+
+/// `/dev/VG/LV` of the active LV `VG/LV` exists, or `vgmknodes` makes it
+/// (or, when its device still has an old name, `lvchange --refresh`): lvm
+/// makes the nodes itself only after resuming the device (on a node
+/// without udev), so one killed in between (an lvcreate, an activation, an
+/// lvrename) leaves an active LV that nothing can open, and `lvchange -ay`
+/// leaves it so.
+pub(super) async fn ensure_nodes(path: &str) -> Result<()> {
+    let dev = PathBuf::from(format!("/dev/{path}"));
+    let present = |dev: PathBuf| crate::error::blocking(move || Ok::<_, PoolError>(dev.exists()));
+    if present(dev.clone()).await? {
+        return Ok(());
+    }
+    tracing::warn!(lv = %path, "an active LV has no device node; making it");
+    lvm::make_nodes(path).await?;
+    if present(dev.clone()).await? {
+        return Ok(());
+    }
+    lvm::refresh(path).await?;
+    if present(dev.clone()).await? {
+        return Ok(());
+    }
+    Err(PoolError::Inconsistent(format!(
+        "{} is still missing after vgmknodes and lvchange --refresh {path}",
+        dev.display()
+    )))
 }
 
 #[async_trait]

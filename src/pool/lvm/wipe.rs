@@ -211,6 +211,9 @@ impl Shared {
             // (or a process of a killed driver): leave it be, look again.
             return Err(in_use(&path));
         }
+        // An lvrename or activation killed mid-run can leave it without
+        // its nodes; the zeroing opens the node.
+        super::node::ensure_nodes(&path).await?;
         if !self
             .clone()
             .zero(PathBuf::from(format!("/dev/{path}")))
