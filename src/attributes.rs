@@ -183,3 +183,43 @@ pub async fn run(driver: Arc<Driver>, client: Client) {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ids::TOPOLOGY_KEY;
+    use crate::k8s::fake::{Fake, Role, PVS};
+    use serde_json::json;
+
+    /// The node lists and watches the PVs, and reads the class its own PV
+    /// names: the attributes role's calls.
+    #[tokio::test]
+    async fn a_pv_of_this_node_has_its_class_read() {
+        let tmp = tempfile::tempdir().unwrap();
+        let who = crate::driver::Identity {
+            driver_name: "localvol.csi.dev".into(),
+            node_id: "n1".into(),
+            kubelet_dir: tmp.path().join("kubelet"),
+        };
+        let config = crate::config::Config::embedded(tmp.path());
+        let driver = Driver::open(&who, &config).await.unwrap();
+        let fake = Fake::start(Role::Attributes);
+        fake.put_pv(json!({
+            "apiVersion": "v1", "kind": "PersistentVolume",
+            "metadata": {"name": "pv-a"},
+            "spec": {
+                "csi": {"driver": "localvol.csi.dev", "volumeHandle": "default.x"},
+                "nodeAffinity": {"required": {"nodeSelectorTerms": [{"matchExpressions": [
+                    {"key": TOPOLOGY_KEY, "operator": "In", "values": ["n1"]}
+                ]}]}},
+                "volumeAttributesClassName": "gold",
+            },
+        }));
+        let task = tokio::spawn(run(driver, fake.client.clone()));
+        let log = fake
+            .wait_for("GET /apis/storage.k8s.io/v1/volumeattributesclasses/gold")
+            .await;
+        task.abort();
+        assert_eq!(log[0], format!("LIST {PVS}"));
+    }
+}

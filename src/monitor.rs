@@ -87,3 +87,48 @@ impl Monitor {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::k8s::fake::{Fake, Role};
+    use crate::pool::Unusable;
+
+    /// A pool's changes become Events on the node's Node object; the same
+    /// change again is the same Event repeated (kube-runtime's Recorder
+    /// patches its series), all on the storage role's client.
+    #[tokio::test]
+    async fn pool_changes_are_events_and_repeats_patch_them() {
+        let tmp = tempfile::tempdir().unwrap();
+        let who = crate::driver::Identity {
+            driver_name: "localvol.csi.dev".into(),
+            node_id: "n1".into(),
+            kubelet_dir: tmp.path().join("kubelet"),
+        };
+        let config = crate::config::Config::embedded(tmp.path());
+        let driver = Driver::open(&who, &config).await.unwrap();
+        let fake = Fake::start(Role::Storage);
+        let mut m = Monitor::new(driver);
+        m.set_cluster(fake.client.clone());
+        let pool = PoolName::parse("default").unwrap();
+        let gone = || Change::Unusable(Unusable::CheckFailed("gone".into()));
+        m.announce(&pool, gone()).await;
+        m.announce(&pool, gone()).await;
+        m.announce(&pool, Change::Usable).await;
+        assert_eq!(
+            fake.log(),
+            [
+                "EVENT PoolUnusable",
+                "EVENT PoolUnusable",
+                "EVENT PoolUsable"
+            ]
+        );
+        assert_eq!(
+            fake.needs(),
+            [
+                "storage ClusterRole events.k8s.io events create",
+                "storage ClusterRole events.k8s.io events patch"
+            ]
+        );
+    }
+}

@@ -338,6 +338,23 @@ mod tests {
         reader
     }
 
+    /// `run` caches the PVs (list and watch) and then passes, reading the
+    /// node's lost record: the orphan pass's calls (discovery role).
+    #[tokio::test]
+    async fn run_watches_the_pvs_and_reads_the_lost_record() {
+        use crate::k8s::fake::{Fake, Role, NAMESPACE, PVS};
+        let tmp = tempfile::tempdir().unwrap();
+        let fake = Fake::start(Role::Discovery);
+        let cfg: OrphansConfig = serde_norway::from_str("{}").unwrap();
+        let o = Orphans::new(driver(tmp.path()).await, cfg)
+            .with_cluster(fake.client.clone(), NAMESPACE);
+        let task = tokio::spawn(Arc::new(o).run(fake.client.clone(), Duration::from_secs(60)));
+        let record = format!("GET /api/v1/namespaces/{NAMESPACE}/configmaps/localvol-lost.n1");
+        let log = fake.wait_for(&record).await;
+        task.abort();
+        assert_eq!(log, [format!("LIST {PVS}"), record]);
+    }
+
     #[test]
     fn config_defaults_and_validation() {
         let c: OrphansConfig = serde_norway::from_str("{}").unwrap();

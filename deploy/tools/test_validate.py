@@ -32,68 +32,36 @@ def quiet(fn, *args, **kw):
 
 
 class CodeRbac(unittest.TestCase):
-    """The RBAC of localvol's own roles, derived from its kube API calls."""
+    """The RBAC of localvol's own roles: deploy/rbac-needs.txt, the needs the
+    unit tests' fake API server recorded."""
 
-    def derive(self, files, roles):
-        with tempfile.TemporaryDirectory() as d:
-            for rel, text in files.items():
-                os.makedirs(os.path.dirname(os.path.join(d, rel)), exist_ok=True)
-                with open(os.path.join(d, rel), "w") as f:
-                    f.write(textwrap.dedent(text))
-            saved = validate.REPO, validate.CODE_ROLES
-            validate.REPO, validate.CODE_ROLES = d, roles
-            try:
-                return validate.code_rbac()
-            finally:
-                validate.REPO, validate.CODE_ROLES = saved
+    def test_lines_become_roles_and_verbs(self):
+        rbac, bad = validate.read_needs(textwrap.dedent("""\
+            # a comment
+            controller ClusterRole core persistentvolumes list
 
-    def test_calls_become_verbs(self):
-        rbac, unknown = self.derive({"src/a.rs": """
-            fn f(client: Client) {
-                let pvs: Api<PersistentVolume> = Api::all(client.clone());
-                pvs.list(&lp).await?;
-                pvs
-                    .patch(name, &pp, &patch)
-                    .await?;
-                // pvs.delete(name) in a comment is no call
-                Api::<Node>::all(client.clone()).get_opt(name).await?;
-                let s = watcher(Api::<StorageClass>::all(client), cfg);
-                let r = Recorder::new(client, reporter);
-            }
-            #[cfg(test)]
-            mod tests {
-                fn g(pvs: Api<PersistentVolume>) { pvs.delete_collection(); }
-            }
-            """}, {"discovery": ["src/a.rs"]})
-        self.assertEqual(unknown, [])
-        self.assertEqual(rbac[("ClusterRole", "discovery")], {
-            ("", "persistentvolumes"): {"list", "patch"},
-            ("", "nodes"): {"get"},
-            ("storage.k8s.io", "storageclasses"): {"list", "watch"},
-            ("events.k8s.io", "events"): {"create", "patch"},
+            controller ClusterRole core persistentvolumes watch
+            controller Role coordination.k8s.io leases create
+            expansion ClusterRole core persistentvolumeclaims/status patch
+            """))
+        self.assertEqual(bad, [])
+        self.assertEqual(rbac, {
+            ("ClusterRole", "controller"): {("", "persistentvolumes"): {"list", "watch"}},
+            ("Role", "controller"): {("coordination.k8s.io", "leases"): {"create"}},
+            ("ClusterRole", "expansion"): {("", "persistentvolumeclaims/status"): {"patch"}},
         })
 
-    def test_namespaced_types_go_to_a_role(self):
-        rbac, unknown = self.derive({"src/c/lease.rs": """
-            fn f(leases: &Api<Lease>) { leases.replace(n, &pp, &l); leases.create(&pp, &l); }
-            fn g(nodes: Api<Node>) { nodes.list(&lp); }
-            """}, {"controller": ["src/c"]})
-        self.assertEqual(unknown, [])
-        self.assertEqual(rbac[("Role", "controller")],
-                         {("coordination.k8s.io", "leases"): {"update", "create"}})
-        self.assertEqual(rbac[("ClusterRole", "controller")], {("", "nodes"): {"list"}})
-
     def test_what_it_cannot_read_fails(self):
-        _, unknown = self.derive({"src/a.rs": """
-            fn f(pods: Api<Pod>, pvs: Api<PersistentVolume>) { pods.get(n); pvs.evict(n); }
-            """, "src/b.rs": "fn nothing() {}\n"}, {"discovery": ["src/a.rs"], "storage": ["src/b.rs"]})
-        self.assertTrue(any("Api<Pod>" in u and "KUBE_TYPES" in u for u in unknown), unknown)
-        self.assertTrue(any("pvs.evict(" in u and "API_VERBS" in u for u in unknown), unknown)
-        self.assertTrue(any("no API call found for role storage" in u for u in unknown), unknown)
+        rbac, bad = validate.read_needs("controller ClusterRole core nodes\n"
+                                        "controller Binding core nodes list\n"
+                                        "storage ClusterRole storage.k8s.io csinodes patch\n")
+        self.assertEqual(bad, ["line 1: 'controller ClusterRole core nodes'",
+                               "line 2: 'controller Binding core nodes list'"])
+        self.assertEqual(rbac, {("ClusterRole", "storage"): {("storage.k8s.io", "csinodes"): {"patch"}}})
 
-    def test_the_repository_derives_cleanly(self):
+    def test_the_repository_record_reads_cleanly(self):
         self.assertEqual(validate.CODE_RBAC_UNKNOWN, [])
-        for role in validate.CODE_ROLES:
+        for role in ("controller", "discovery", "expansion", "attributes", "storage"):
             self.assertIn(("ClusterRole", role), validate.CODE_RBAC)
 
 
@@ -115,30 +83,41 @@ class SidecarRbac(unittest.TestCase):
 
 
 class CheckRbac(unittest.TestCase):
-    def docs(self, storage_verbs):
+    def docs(self, record_verbs):
+        """A node plugin with orphans: the storage and discovery roles as the
+        record has them, but the discovery Role (the lost record's
+        configmaps) granting `record_verbs`."""
         ns, sa = "localvol", "localvol-node"
         ds = {"kind": "DaemonSet", "metadata": {"name": "n", "namespace": ns},
               "spec": {"template": {"spec": {"serviceAccountName": sa}}}}
-        role = lambda kind, rules: {"kind": kind, "metadata": {"name": "localvol-storage", "namespace": ns},
-                                    "rules": rules}
-        bind = lambda kind, rk: {"kind": kind, "metadata": {"name": "b", "namespace": ns},
-                                 "roleRef": {"kind": rk, "name": "localvol-storage"},
-                                 "subjects": [{"kind": "ServiceAccount", "name": sa, "namespace": ns}]}
-        want = validate.RBAC[("ClusterRole", "storage")]
-        cluster = [{"apiGroups": [g], "resources": [r], "verbs": sorted(v)} for (g, r), v in want.items()]
-        rules = [{"apiGroups": [""], "resources": ["configmaps"], "verbs": storage_verbs}]
-        return ds, [ds, {"kind": "ServiceAccount", "metadata": {"name": sa, "namespace": ns}},
-                    role("ClusterRole", cluster), role("Role", rules),
-                    bind("ClusterRoleBinding", "ClusterRole"), bind("RoleBinding", "Role")]
+        role = lambda kind, name, rules: {"kind": kind, "metadata": {"name": f"localvol-{name}", "namespace": ns},
+                                          "rules": rules}
+        bind = lambda kind, rk, name: {"kind": kind, "metadata": {"name": f"b-{name}", "namespace": ns},
+                                       "roleRef": {"kind": rk, "name": f"localvol-{name}"},
+                                       "subjects": [{"kind": "ServiceAccount", "name": sa, "namespace": ns}]}
+        rules = lambda key: [{"apiGroups": [g], "resources": [r], "verbs": sorted(v)}
+                             for (g, r), v in validate.RBAC[key].items()]
+        docs = [ds, {"kind": "ServiceAccount", "metadata": {"name": sa, "namespace": ns}}]
+        for name in ("storage", "discovery"):
+            docs += [role("ClusterRole", name, rules(("ClusterRole", name))),
+                     bind("ClusterRoleBinding", "ClusterRole", name)]
+        docs += [role("Role", "discovery", [{"apiGroups": [""], "resources": ["configmaps"], "verbs": record_verbs}]),
+                 bind("RoleBinding", "Role", "discovery")]
+        return ds, docs
 
     def test_exact_verbs_pass(self):
         ds, docs = self.docs(["get"])
-        _, r = quiet(validate.check_rbac, "t", docs, ds, {})
+        _, r = quiet(validate.check_rbac, "t", docs, ds, {}, api_user=True, orphans=True)
         self.assertEqual(r.failed, 0)
 
     def test_an_extra_verb_fails(self):
         ds, docs = self.docs(["get", "list"])
-        _, r = quiet(validate.check_rbac, "t", docs, ds, {})
+        _, r = quiet(validate.check_rbac, "t", docs, ds, {}, api_user=True, orphans=True)
+        self.assertEqual(r.failed, 1)
+
+    def test_a_role_nothing_needs_fails(self):
+        ds, docs = self.docs(["get"])
+        _, r = quiet(validate.check_rbac, "t", docs, ds, {}, api_user=True, orphans=False)
         self.assertEqual(r.failed, 1)
 
 

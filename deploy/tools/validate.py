@@ -224,127 +224,33 @@ def sidecar_rbac():
 
 RBAC = sidecar_rbac()
 
-# localvol's own roles are derived from its code (code_rbac below): the
-# kube API calls of src/controller/ (`localvol controller`), of
-# src/discovery/ and src/orphans.rs (`localvol serve` with discovery/orphans),
-# of src/k8s/room.rs (`localvol serve`: ControllerExpandVolume, which
-# the resizer calls, reads a remote volume's PV and capacity), and of
-# src/attributes.rs (`localvol serve` with an LVM pool: the PVs of its node
-# and the VolumeAttributesClass each names, for IO limits), of
-# src/k8s/lost.rs (`localvol serve`, always: its storage identities on its
-# CSINode, its node's lost record read by the orphan pass).
-CODE_ROLES = {
-    "controller": ["src/controller"],
-    "discovery": ["src/discovery", "src/orphans.rs"],
-    "expansion": ["src/k8s/room.rs"],
-    "attributes": ["src/attributes.rs"],
-    "storage": ["src/k8s/lost.rs", "src/monitor.rs"],
-}
-# k8s-openapi type -> (apiGroup, resource).
-KUBE_TYPES = {
-    "Node": ("", "nodes"),
-    "PersistentVolume": ("", "persistentvolumes"),
-    "PersistentVolumeClaim": ("", "persistentvolumeclaims"),
-    "StorageClass": ("storage.k8s.io", "storageclasses"),
-    "CSIStorageCapacity": ("storage.k8s.io", "csistoragecapacities"),
-    "Lease": ("coordination.k8s.io", "leases"),
-    "ConfigMap": ("", "configmaps"),
-    "CSINode": ("storage.k8s.io", "csinodes"),
-    "VolumeAttributesClass": ("storage.k8s.io", "volumeattributesclasses"),
-}
-# Granted by a Role in the release namespace instead of the ClusterRole, by
-# role: the controller's Lease (--lease-namespace=$(POD_NAMESPACE)); the
-# CSIStorageCapacities expansion reads (Api::default_namespaced: the pod's
-# own namespace, where its provisioner writes them); the lost records
-# (ConfigMaps in the release namespace: the controller's --lease-namespace,
-# the node plugin's --namespace, both $(POD_NAMESPACE)).
-NAMESPACED_TYPES = {("controller", "Lease"), ("expansion", "CSIStorageCapacity"),
-                    ("controller", "ConfigMap"), ("storage", "ConfigMap")}
-# kube::Api methods -> the verb each request needs.
-API_VERBS = {
-    "get": "get", "get_opt": "get", "get_metadata": "get", "get_metadata_opt": "get",
-    "list": "list", "list_metadata": "list", "watch": "watch", "watch_metadata": "watch",
-    "create": "create", "replace": "update", "replace_status": "update",
-    "patch": "patch", "patch_status": "patch", "patch_metadata": "patch",
-    "delete": "delete", "delete_collection": "deletecollection",
-}
+# localvol's own roles (controller, discovery, expansion, attributes,
+# storage): the RBAC needs its components' kube clients showed the fake API
+# server in the unit tests (src/k8s/fake/needs.rs), written to
+# deploy/rbac-needs.txt by `make rbac-needs`: one line per role, ClusterRole
+# or Role (the release namespace), apiGroup ("core" for ""), resource and verb.
+NEEDS_FILE = os.path.join(REPO, "deploy", "rbac-needs.txt")
 
 
-def rust_code(path):
-    """A Rust file without its test module and `//` comments (as
-    tests/architecture.rs reads sources)."""
-    with open(path) as f:
-        lines = f.read().splitlines()
-    end = next((i for i in range(len(lines)) if lines[i].strip() == "#[cfg(test)]"
-                and i + 1 < len(lines) and "mod " in lines[i + 1]
-                and lines[i + 1].rstrip().endswith("{")), len(lines))
-    return "\n".join(l for l in lines[:end] if not l.lstrip().startswith("//"))
+def read_needs(text):
+    """(kind, role) -> {(apiGroup, resource): verbs} from the record's text,
+    and the lines it could not read (each a failure)."""
+    out, bad = {}, []
+    for n, line in enumerate(text.splitlines(), 1):
+        fields = line.split()
+        if not fields or fields[0].startswith("#"):
+            continue
+        if len(fields) != 5 or fields[1] not in ("ClusterRole", "Role"):
+            bad.append(f"line {n}: {line!r}")
+            continue
+        role, kind, group, resource, verb = fields
+        group = "" if group == "core" else group
+        out.setdefault((kind, role), {}).setdefault((group, resource), set()).add(verb)
+    return out, bad
 
 
-def code_rbac():
-    """(kind, role) -> {(apiGroup, resource): verbs} from the API calls in
-    CODE_ROLES' files, and a list of calls it could not read (each a failure:
-    teach this function the new call rather than trusting a table)."""
-    out, unknown = {}, []
-    for role, roots in CODE_ROLES.items():
-        files = []
-        for r in roots:
-            full = os.path.join(REPO, r)
-            files += [full] if full.endswith(".rs") else sorted(glob.glob(os.path.join(full, "**", "*.rs"), recursive=True))
-        for f in files:
-            if os.path.basename(f) == "tests.rs":
-                continue
-            rel = os.path.relpath(f, REPO)
-            # Chained calls on the next line join their receiver.
-            code = re.sub(r"\s*\n\s*\.", ".", rust_code(f))
-            decls = [(m.start(), m.group(1), m.group(2))
-                     for m in re.finditer(r"\b(\w+)\s*:\s*&?\s*Api<(\w+)>", code)]
-
-            def grant(ty, verbs, where):
-                if ty not in KUBE_TYPES:
-                    unknown.append(f"{rel}: Api<{ty}> ({where}): add it to KUBE_TYPES")
-                    return
-                kind = "Role" if (role, ty) in NAMESPACED_TYPES else "ClusterRole"
-                out.setdefault((kind, role), {}).setdefault(KUBE_TYPES[ty], set()).update(verbs)
-
-            def type_of(name, pos):
-                found = [ty for p, n, ty in decls if n == name and p < pos]
-                return found[-1] if found else None
-            for m in re.finditer(r"(?:self\.)?\b(\w+)\.(\w+)\(", code):
-                ty = type_of(m.group(1), m.start())
-                if ty is None:
-                    continue
-                method = m.group(2)
-                if method in ("clone", "into", "as_ref"):
-                    continue
-                if method not in API_VERBS:
-                    unknown.append(f"{rel}: {m.group(0)} on Api<{ty}>: add the method to API_VERBS")
-                    continue
-                grant(ty, {API_VERBS[method]}, m.group(0))
-            for m in re.finditer(r"Api::<(\w+)>::\w+\([^()]*(?:\([^()]*\))?[^()]*\)\.(\w+)\(", code):
-                if m.group(2) not in API_VERBS:
-                    unknown.append(f"{rel}: {m.group(0)}: add the method to API_VERBS")
-                    continue
-                grant(m.group(1), {API_VERBS[m.group(2)]}, m.group(0))
-            # kube-runtime's watcher lists, then watches.
-            for m in re.finditer(r"\bwatcher\(\s*(?:Api::<(\w+)>|(?:self\.)?(\w+))", code):
-                ty = m.group(1) or type_of(m.group(2), m.start())
-                if ty is None:
-                    unknown.append(f"{rel}: {m.group(0)}: the watched Api's type is not declared")
-                    continue
-                grant(ty, {"list", "watch"}, m.group(0))
-            # kube-runtime's events Recorder creates events.k8s.io Events and
-            # patches them when an event repeats; PV Events go to "default".
-            if re.search(r"\bRecorder::new\(", code):
-                out.setdefault(("ClusterRole", role), {}).setdefault(
-                    ("events.k8s.io", "events"), set()).update({"create", "patch"})
-    for role in CODE_ROLES:
-        if ("ClusterRole", role) not in out:
-            unknown.append(f"no API call found for role {role} in {CODE_ROLES[role]}")
-    return out, unknown
-
-
-CODE_RBAC, CODE_RBAC_UNKNOWN = code_rbac()
+with open(NEEDS_FILE) as f:
+    CODE_RBAC, CODE_RBAC_UNKNOWN = read_needs(f.read())
 RBAC.update(CODE_RBAC)
 
 # Which role a sidecar container needs.
@@ -953,7 +859,7 @@ def check_sidecars(render, ds, socket_vol, kubelet_dir):
     return seen
 
 
-def check_rbac(render, docs, ds, sidecars, api_user=False, controller=None, lvm=False):
+def check_rbac(render, docs, ds, sidecars, api_user=False, controller=None, lvm=False, orphans=False):
     sa = ds["spec"]["template"]["spec"].get("serviceAccountName")
     ns = ds["metadata"].get("namespace")
     R.check(any(d["metadata"]["name"] == sa and d["metadata"].get("namespace") == ns
@@ -986,7 +892,7 @@ def check_rbac(render, docs, ds, sidecars, api_user=False, controller=None, lvm=
                             f"expected {sorted(want.get(gr, []))}")
         if d["kind"] == "Role":
             diff += [] if d["metadata"].get("namespace") == ns else [f"namespace {d['metadata'].get('namespace')}"]
-        R.check(not diff, f"{render}: {d['kind']} {d['metadata']['name']} grants exactly what its callers use (upstream sidecar RBAC less NOT_GRANTED; localvol's API calls)",
+        R.check(not diff, f"{render}: {d['kind']} {d['metadata']['name']} grants exactly what its callers use (upstream sidecar RBAC less NOT_GRANTED; deploy/rbac-needs.txt)",
                 "; ".join(diff))
     for name, c in sidecars.items():
         if name in UPSTREAM_RBAC:
@@ -1003,10 +909,12 @@ def check_rbac(render, docs, ds, sidecars, api_user=False, controller=None, lvm=
     # room check.
     needed |= {("ClusterRole", "expansion"), ("Role", "expansion")} if "csi-resizer" in sidecars else set()
     needed |= {("ClusterRole", "discovery")} if api_user else set()
+    # The orphan pass reads its node's lost record in the release namespace.
+    needed |= {("Role", "discovery")} if orphans else set()
     # An LVM pool's node applies the VolumeAttributesClass its PVs move to.
     needed |= {("ClusterRole", "attributes")} if lvm else set()
-    # Every node plugin publishes its storage identity and reads its lost record.
-    needed |= {("ClusterRole", "storage"), ("Role", "storage")}
+    # Every node plugin publishes its storage identity and its pools' Events.
+    needed |= {("ClusterRole", "storage")}
     needed |= {("ClusterRole", "controller"), ("Role", "controller")} if controller is not None else set()
     R.check(set(roles) == needed, f"{render}: roles match the sidecars present ({len(needed)})",
             f"present {sorted(roles)}, needed {sorted(needed)}")
@@ -1185,7 +1093,8 @@ def check_render(render, path, help_info, shipped, chelp, binary):
         check_probes(render, "controller Deployment", controller["spec"]["template"]["spec"])
     R.check(controller is not None or not shipped, f"{render}: the controller Deployment is deployed")
     lvm = any(p.get("type") == "lvm" for p in (pools or {}).values())
-    check_rbac(render, docs, ds, sidecars, api_user, controller, lvm)
+    orphans = isinstance(cfg, dict) and cfg.get("orphans") is not None
+    check_rbac(render, docs, ds, sidecars, api_user, controller, lvm, orphans)
     check_cluster_defaults(render, docs, ds, controller, shipped)
     check_classes(render, docs, sidecars, shipped, verdicts, why, static)
     return docs
@@ -1417,9 +1326,8 @@ def main():
     for pair in a.parity:
         kname, hname = pair.split("=")
         check_parity(kname, docs[kname], hname, docs[hname])
-    R.section("RBAC from the code")
-    R.check(not CODE_RBAC_UNKNOWN, "every kube API call of src/controller/, src/discovery/, src/orphans.rs and "
-            "src/k8s/room.rs maps to RBAC verbs: " + "; ".join(
+    R.section("RBAC from the unit tests")
+    R.check(not CODE_RBAC_UNKNOWN, "deploy/rbac-needs.txt (the kube API calls the unit tests saw) reads: " + "; ".join(
                 f"{k[0]} {k[1]}: " + ", ".join(f"{g or 'core'}/{r} {sorted(v)}" for (g, r), v in sorted(rules.items()))
                 for k, rules in sorted(CODE_RBAC.items())),
             "; ".join(CODE_RBAC_UNKNOWN))

@@ -16,7 +16,7 @@ use serde_json::{json, Value};
 use super::NodeLoss;
 use crate::driver::Driver;
 use crate::ids::{PoolName, VolumeId, VolumeName, STORAGE_ID_KEY, TOPOLOGY_KEY};
-use crate::k8s::fake::Fake;
+use crate::k8s::fake::{Fake, Role};
 use crate::orphans::{OrphanMode, Orphans, OrphansConfig};
 use crate::pool::{AccessType, CapacityRange, CreateRequest};
 
@@ -168,7 +168,7 @@ async fn orphan_pass(s: &Fake, d: &Arc<Driver>, mode: OrphanMode) -> crate::orph
             grace_seconds: 0,
         },
     )
-    .with_cluster(s.client.clone(), NS);
+    .with_cluster(s.client_as(Role::Discovery), NS);
     tokio::time::timeout(TIMEOUT, o.pass(Instant::now(), &pv_cache(s)))
         .await
         .expect("orphan pass timed out")
@@ -209,7 +209,7 @@ async fn lost_node_with_two_volumes(s: &Fake, dir: &Path) -> (Arc<Driver>, Strin
 
 #[tokio::test]
 async fn scenario_node_back_with_same_storage_keeps_its_volumes_even_in_reclaim_mode() {
-    let s = Fake::start();
+    let s = Fake::start(Role::Controller);
     let tmp = tempfile::tempdir().unwrap();
     let (before, a, b) = lost_node_with_two_volumes(&s, tmp.path()).await;
     let storage = storage_of(&before);
@@ -256,7 +256,7 @@ async fn scenario_node_back_with_same_storage_keeps_its_volumes_even_in_reclaim_
 
 #[tokio::test]
 async fn scenario_node_back_with_other_storage_reclaims_as_before() {
-    let s = Fake::start();
+    let s = Fake::start(Role::Controller);
     let old = tempfile::tempdir().unwrap();
     let (before, a, _b) = lost_node_with_two_volumes(&s, old.path()).await;
     let old_storage = storage_of(&before);
@@ -279,7 +279,7 @@ async fn scenario_node_back_with_other_storage_reclaims_as_before() {
 
 #[tokio::test]
 async fn scenario_pvs_still_present_or_readopted_are_not_orphans() {
-    let s = Fake::start();
+    let s = Fake::start(Role::Controller);
     let tmp = tempfile::tempdir().unwrap();
     let d = node_driver(tmp.path()).await;
     let a = create(&d, "pvc-a").await;
@@ -321,7 +321,7 @@ async fn scenario_pvs_still_present_or_readopted_are_not_orphans() {
 
 #[tokio::test]
 async fn scenario_unreadable_record_reclaims_nothing_and_unwritable_record_deletes_nothing() {
-    let s = Fake::start();
+    let s = Fake::start(Role::Controller);
     let tmp = tempfile::tempdir().unwrap();
     let d = node_driver(tmp.path()).await;
     let a = create(&d, "pvc-a").await;
@@ -350,7 +350,7 @@ async fn scenario_unreadable_record_reclaims_nothing_and_unwritable_record_delet
 async fn scenario_pvs_without_a_storage_identity_are_kept_on_any_storage() {
     // PVs provisioned before volumes carried their storage identity: the
     // record cannot tell, so such volumes are kept (the safe side).
-    let s = Fake::start();
+    let s = Fake::start(Role::Controller);
     let tmp = tempfile::tempdir().unwrap();
     let d = node_driver(tmp.path()).await;
     let a = create(&d, "pvc-a").await;
@@ -368,16 +368,17 @@ async fn scenario_pvs_without_a_storage_identity_are_kept_on_any_storage() {
 
 #[tokio::test]
 async fn scenario_node_publishes_its_storage_on_its_csinode() {
-    let s = Fake::start();
+    let s = Fake::start(Role::Controller);
     let tmp = tempfile::tempdir().unwrap();
     let d = node_driver(tmp.path()).await;
     const CSINODE: &str = "/apis/storage.k8s.io/v1/csinodes/n1";
+    let storage = s.client_as(Role::Storage);
     let ids = std::collections::BTreeMap::from([(
         "default".to_owned(),
         d.pools.get(&pool()).unwrap().storage_id().unwrap().clone(),
     )]);
     // kubelet has not created it yet: NotFound, retried by the caller.
-    let e = crate::k8s::lost::annotate_csinode(&s.client, DRIVER, NODE, &ids).await;
+    let e = crate::k8s::lost::annotate_csinode(&storage, DRIVER, NODE, &ids).await;
     assert!(
         matches!(e, Err(kube::Error::Api(ref st)) if st.code == 404),
         "{e:?}"
@@ -388,7 +389,7 @@ async fn scenario_node_publishes_its_storage_on_its_csinode() {
                "metadata": {"name": NODE, "annotations": {"other": "kept"}},
                "spec": {"drivers": []}}),
     );
-    crate::k8s::lost::annotate_csinode(&s.client, DRIVER, NODE, &ids)
+    crate::k8s::lost::annotate_csinode(&storage, DRIVER, NODE, &ids)
         .await
         .unwrap();
     let anns = s.api.lock().unwrap().objects[CSINODE]["metadata"]["annotations"].clone();

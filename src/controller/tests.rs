@@ -13,7 +13,7 @@ use super::lease::Elector;
 use super::nodeloss::{ANN_DELETE_ON_NODE_LOSS, PROVISIONER_FINALIZER};
 use super::{NodeLoss, PassReport};
 use crate::ids::TOPOLOGY_KEY;
-use crate::k8s::fake::{Fake, PVS, PV_PROTECTION};
+use crate::k8s::fake::{Fake, Role, PVS, PV_PROTECTION};
 
 const DRIVER: &str = "localvol.csi.dev";
 /// The controller's namespace (lost records live there).
@@ -35,7 +35,7 @@ struct Scenario(Fake);
 impl Scenario {
     fn new(name: &str) -> Self {
         eprintln!("scenario: {name}");
-        Scenario(Fake::start())
+        Scenario(Fake::start(Role::Controller))
     }
 }
 
@@ -149,11 +149,15 @@ fn put_deleted_node_cluster(s: &Scenario) -> Vec<Value> {
         json!({"apiVersion": "storage.k8s.io/v1", "kind": "StorageClass",
                "metadata": {"name": "local"}, "provisioner": DRIVER}),
     );
+    // Not in the controller's namespace: it deletes them wherever it finds
+    // them (its ClusterRole, not its Role).
     for n in ["gone", "notready"] {
         s.put(
-            &format!("/apis/storage.k8s.io/v1/namespaces/kube-system/csistoragecapacities/cap-{n}"),
+            &format!(
+                "/apis/storage.k8s.io/v1/namespaces/provisioners/csistoragecapacities/cap-{n}"
+            ),
             json!({"apiVersion": "storage.k8s.io/v1", "kind": "CSIStorageCapacity",
-                   "metadata": {"name": format!("cap-{n}"), "namespace": "kube-system"},
+                   "metadata": {"name": format!("cap-{n}"), "namespace": "provisioners"},
                    "storageClassName": "local",
                    "nodeTopology": {"matchLabels": {TOPOLOGY_KEY: n}}}),
         );
@@ -187,7 +191,7 @@ async fn scenario_deleted_node_pvs_go_after_grace_and_claims_only_when_opted_in(
     let r = pass(t0 + GRACE).await;
     assert_eq!(r.deleted_pvs, ["pv-a", "pv-b"]);
     assert_eq!(r.deleted_pvcs, ["app/claim-a"]);
-    assert_eq!(r.deleted_capacities, ["kube-system/cap-gone"]);
+    assert_eq!(r.deleted_capacities, ["provisioners/cap-gone"]);
     assert_eq!(r.recorded_nodes, ["gone"]);
     assert_eq!(
         s.log(),
@@ -205,7 +209,7 @@ async fn scenario_deleted_node_pvs_go_after_grace_and_claims_only_when_opted_in(
             "EVENT NodeLost".into(),
             format!("DELETE {PVS}/pv-b"),
             "LIST /apis/storage.k8s.io/v1/csistoragecapacities".into(),
-            "DELETE /apis/storage.k8s.io/v1/namespaces/kube-system/csistoragecapacities/cap-gone"
+            "DELETE /apis/storage.k8s.io/v1/namespaces/provisioners/csistoragecapacities/cap-gone"
                 .into(),
         ]
     );
@@ -223,7 +227,7 @@ fn assert_only_the_deleted_nodes_pvs_and_opted_in_claim_went(s: &Scenario) {
         format!("{PVS}/pv-d"),
         format!("{PVCS}/claim-b"),
         format!("{PVCS}/claim-c"),
-        "/apis/storage.k8s.io/v1/namespaces/kube-system/csistoragecapacities/cap-notready".into(),
+        "/apis/storage.k8s.io/v1/namespaces/provisioners/csistoragecapacities/cap-notready".into(),
     ] {
         assert!(s.has(&p), "{p} was deleted");
     }
@@ -609,4 +613,52 @@ async fn scenario_run_leads_then_acts_on_lost_nodes() {
             < at(&format!("DELETE {PVS}/pv-gone"))
     );
     assert!(at("LIST /api/v1/nodes") < at(&format!("DELETE {PVS}/pv-gone")));
+}
+
+/// A PV the cache has under an older uid (deleted and made again under the
+/// same name meanwhile) is not deleted (409) and is tried again next pass,
+/// where its NodeLost Event repeats (kube-runtime patches the series); a
+/// PV of the same lost node seen later extends the node's lost record.
+#[tokio::test]
+async fn scenario_a_conflicting_delete_is_retried_and_the_record_extended() {
+    let s = Scenario::new("a conflicting delete is retried; the record grows");
+    let stale = pv("pv-a", DRIVER, "gone", "claim-a");
+    let mut current = stale.clone();
+    current["metadata"]["uid"] = json!("uid-again");
+    s.put_pv(current);
+    let nl = NodeLoss::new(s.client.clone(), DRIVER, "ctrl-0", NS, GRACE);
+    let nodes = store::<Node>(vec![]);
+    let mut cache = vec![stale];
+    let t0 = Instant::now();
+    for (i, t) in [t0, t0 + GRACE, t0 + GRACE * 2, t0 + GRACE * 3]
+        .into_iter()
+        .enumerate()
+    {
+        if i == 3 {
+            let mut b = pv("pv-b", DRIVER, "gone", "claim-b");
+            b["spec"]["csi"]["volumeHandle"] = json!(format!("default.{}", "1".repeat(32)));
+            cache.push(b);
+            s.put_pv(cache[1].clone());
+        }
+        let pvs = store(pvs_of(&cache));
+        tokio::time::timeout(TIMEOUT, nl.pass(t, &nodes, &pvs))
+            .await
+            .expect("pass timed out")
+            .unwrap();
+    }
+    let log = s.log();
+    let count = |l: &str| log.iter().filter(|x| *x == l).count();
+    assert_eq!(count("EVENT NodeLost"), 4, "{log:?}");
+    assert_eq!(count(&format!("DELETE {PVS}/pv-a")), 3, "{log:?}");
+    assert_eq!(count(&format!("POST {CMS}")), 1, "{log:?}");
+    assert_eq!(
+        count(&format!("PUT {CMS}/localvol-lost.gone")),
+        1,
+        "{log:?}"
+    );
+    assert!(s.has(&format!("{PVS}/pv-a")), "not the PV the cache had");
+    assert!(!s.has(&format!("{PVS}/pv-b")));
+    let needs = s.needs();
+    assert!(needs.contains(&"controller ClusterRole events.k8s.io events patch".to_owned()));
+    assert!(needs.contains(&"controller Role core configmaps update".to_owned()));
 }

@@ -342,7 +342,7 @@ mod tests {
     use super::*;
     use crate::discovery::scan::tests::{class, TestMount};
     use crate::discovery::{CleanupMethod, DiscoveryConfig, VolumeMode};
-    use crate::k8s::fake::Fake;
+    use crate::k8s::fake::{Fake, Role};
     use serde_json::json;
     use std::fs;
     use std::path::PathBuf;
@@ -401,7 +401,7 @@ mod tests {
                 state_dir: tmp.path().join("state"),
             };
             let statics = Arc::new(StaticPool::open(cfg.clone(), &cfg.state_dir).unwrap());
-            let fake = Fake::start();
+            let fake = Fake::start(Role::Discovery);
             let discoverer = Discoverer::new(fake.client.clone(), DRIVER, NODE, statics);
             Scenario {
                 _mount: mount,

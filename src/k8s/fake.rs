@@ -17,6 +17,10 @@
 //! off. A created PV gets `kubernetes.io/pv-protection`, as the API server
 //! adds it, which holds only a Bound PV (its controller frees others at
 //! once). Anything else is logged as `UNEXPECTED` and answered 500.
+//!
+//! In the unit tests each client of it is a component's, under that
+//! component's RBAC role: every request is noted as the permission it needs
+//! (`needs.rs`), and a test fails on one `deploy/rbac-needs.txt` lacks.
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
@@ -26,6 +30,11 @@ use kube::client::Body;
 #[cfg(test)]
 use kube::Client;
 use serde_json::{json, Value};
+
+#[cfg(test)]
+mod needs;
+#[cfg(test)]
+pub use needs::{Role, NAMESPACE};
 
 /// Where PersistentVolumes live in the API.
 pub const PVS: &str = "/api/v1/persistentvolumes";
@@ -99,30 +108,35 @@ pub fn serve_http(
     })
 }
 
-/// A running fake and a client of it; the server task stops on drop.
+/// A running fake and a client of it; the server tasks stop on drop, when
+/// the RBAC its clients needed is checked (`needs.rs`).
 #[cfg(test)]
 pub struct Fake {
+    /// A client of the role the fake was started with.
     pub client: Client,
     pub api: Arc<Mutex<FakeApi>>,
-    server: tokio::task::JoinHandle<()>,
+    needs: Arc<Mutex<needs::Needs>>,
+    servers: Mutex<Vec<tokio::task::AbortHandle>>,
 }
 
 #[cfg(test)]
 impl Fake {
-    pub fn start() -> Fake {
-        let (svc, mut h) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
-        let api = Arc::new(Mutex::new(FakeApi::default()));
-        let a = api.clone();
-        let server = tokio::spawn(async move {
-            while let Some((req, send)) = h.next_request().await {
-                send.send_response(handle(&a, req).await);
-            }
-        });
+    /// A fake whose `client` makes the calls of `role`'s component.
+    pub fn start(role: Role) -> Fake {
+        let (api, needs, servers) = (Arc::default(), Arc::default(), Mutex::default());
+        let client = serve(&api, &needs, &servers, role);
         Fake {
-            client: Client::new(svc, "default"),
+            client,
             api,
-            server,
+            needs,
+            servers,
         }
+    }
+
+    /// Another client of the same fake, for a component of another role
+    /// (a scenario that runs several).
+    pub fn client_as(&self, role: Role) -> Client {
+        serve(&self.api, &self.needs, &self.servers, role)
     }
 
     /// Stores an object at an API path.
@@ -144,12 +158,65 @@ impl Fake {
     pub fn log(&self) -> Vec<String> {
         std::mem::take(&mut self.api.lock().unwrap().log)
     }
+
+    /// The RBAC needs of every request so far (`needs.rs`).
+    pub fn needs(&self) -> Vec<String> {
+        self.needs.lock().unwrap().seen().cloned().collect()
+    }
+
+    /// Waits until a request logged so far is `entry` (a component running
+    /// in the background got there), and returns the log.
+    pub async fn wait_for(&self, entry: &str) -> Vec<String> {
+        let start = std::time::Instant::now();
+        loop {
+            let log = self.api.lock().unwrap().log.clone();
+            if log.iter().any(|l| l == entry) {
+                return self.log();
+            }
+            assert!(
+                start.elapsed() < std::time::Duration::from_secs(20),
+                "{entry} not in {log:?}"
+            );
+            tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+        }
+    }
+}
+
+/// A client whose requests `api` answers, each noted as a need of `role`
+/// first (one the fake cannot name is answered 500); defaulting to the
+/// driver's namespace ([`NAMESPACE`]) as in-cluster clients do.
+#[cfg(test)]
+fn serve(
+    api: &Arc<Mutex<FakeApi>>,
+    needs: &Arc<Mutex<needs::Needs>>,
+    servers: &Mutex<Vec<tokio::task::AbortHandle>>,
+    role: Role,
+) -> Client {
+    let (svc, mut h) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
+    let (api, needs) = (api.clone(), needs.clone());
+    let server = tokio::spawn(async move {
+        while let Some((req, send)) = h.next_request().await {
+            let known = needs.lock().unwrap().note(role, req.method(), req.uri());
+            send.send_response(if known {
+                handle(&api, req).await
+            } else {
+                respond(500, &status(500, "InternalError"))
+            });
+        }
+    });
+    servers.lock().unwrap().push(server.abort_handle());
+    Client::new(svc, NAMESPACE)
 }
 
 #[cfg(test)]
 impl Drop for Fake {
     fn drop(&mut self) {
-        self.server.abort();
+        for s in self.servers.lock().unwrap().drain(..) {
+            s.abort();
+        }
+        if !std::thread::panicking() {
+            self.needs.lock().unwrap().finish();
+        }
     }
 }
 
@@ -457,7 +524,7 @@ mod tests {
     /// marked for deletion while the finalizer holds.
     #[tokio::test]
     async fn created_pvs_carry_pv_protection_which_holds_only_bound_ones() {
-        let fake = Fake::start();
+        let fake = Fake::start(Role::Discovery);
         let api: Api<PersistentVolume> = Api::all(fake.client.clone());
         for name in ["free", "bound"] {
             let made = api.create(&PostParams::default(), &pv(name)).await.unwrap();

@@ -184,11 +184,11 @@ pub fn published<'a>(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::k8s::fake::{Fake, PVS};
+    use crate::k8s::fake::{Fake, Role, PVS};
     use serde_json::{json, Value};
 
     const DRIVER: &str = "localvol.csi.dev";
-    const CAPS: &str = "/apis/storage.k8s.io/v1/namespaces/default/csistoragecapacities";
+    const CAPS: &str = "/apis/storage.k8s.io/v1/namespaces/kube-system/csistoragecapacities";
 
     fn pv(name: &str, handle: &str, node: &str, size: &str) -> Value {
         json!({
@@ -208,7 +208,7 @@ mod tests {
     fn cap(name: &str, node: &str, class: &str, capacity: &str) -> Value {
         json!({
             "apiVersion": "storage.k8s.io/v1", "kind": "CSIStorageCapacity",
-            "metadata": {"name": name, "namespace": "default"},
+            "metadata": {"name": name, "namespace": "kube-system"},
             "storageClassName": class,
             "nodeTopology": {"matchLabels": {TOPOLOGY_KEY: node}},
             "capacity": capacity,
@@ -217,7 +217,7 @@ mod tests {
 
     /// A cluster with volume `thick.v1` (1Gi) on n1, and capacities.
     fn cluster(caps: &[(&str, &str, &str, &str)]) -> Fake {
-        let f = Fake::start();
+        let f = Fake::start(Role::Expansion);
         f.put_pv(pv("pv-1", "thick.v1", "n1", "1Gi"));
         f.put_pv(pv("pv-2", "thick.v2", "n2", "1Gi"));
         for (name, node, class, capacity) in caps {

@@ -6,13 +6,13 @@ use crate::config::Config;
 use crate::csi::controller_server::Controller;
 use crate::driver::Identity;
 use crate::ids::{PoolName, TOPOLOGY_KEY};
-use crate::k8s::fake::Fake;
+use crate::k8s::fake::{Fake, Role};
 use serde_json::json;
 use tonic::Code;
 
 const GI: i64 = 1 << 30;
 
-const CAPS: &str = "/apis/storage.k8s.io/v1/namespaces/default/csistoragecapacities";
+const CAPS: &str = "/apis/storage.k8s.io/v1/namespaces/kube-system/csistoragecapacities";
 
 /// A service on node n0 (one dir pool in `dir`) whose cluster holds
 /// volume `id` (1Gi, class "fast") on node n1, which has published
@@ -40,7 +40,7 @@ async fn on_n0(dir: &std::path::Path, fake: &Fake, id: &str, free: &str) -> Cont
         &format!("{CAPS}/cap-n1-fast"),
         json!({
             "apiVersion": "storage.k8s.io/v1", "kind": "CSIStorageCapacity",
-            "metadata": {"name": "cap-n1-fast", "namespace": "default"},
+            "metadata": {"name": "cap-n1-fast", "namespace": "kube-system"},
             "storageClassName": "fast",
             "nodeTopology": {"matchLabels": {TOPOLOGY_KEY: "n1"}},
             "capacity": free,
@@ -69,7 +69,7 @@ fn thick_id(name: &str) -> String {
 #[tokio::test]
 async fn expansion_on_another_node_must_fit_its_published_capacity() {
     let dir = tempfile::tempdir().unwrap();
-    let fake = Fake::start();
+    let fake = Fake::start(Role::Expansion);
     let id = thick_id("pvc-1");
     let svc = on_n0(dir.path(), &fake, &id, "512Mi").await;
 
@@ -103,7 +103,7 @@ async fn expansion_on_another_node_must_fit_its_published_capacity() {
 #[tokio::test]
 async fn expansion_the_cluster_cannot_check_is_left_to_the_node() {
     let dir = tempfile::tempdir().unwrap();
-    let fake = Fake::start();
+    let fake = Fake::start(Role::Expansion);
     let id = thick_id("pvc-2");
     // The cluster's PV names another volume: no capacity to check against.
     let svc = on_n0(dir.path(), &fake, "thick.other", "0").await;
@@ -125,7 +125,7 @@ async fn expansion_the_cluster_cannot_check_is_left_to_the_node() {
 #[tokio::test]
 async fn an_api_server_that_fails_makes_the_resizer_retry() {
     let dir = tempfile::tempdir().unwrap();
-    let fake = Fake::start();
+    let fake = Fake::start(Role::Expansion);
     let id = thick_id("pvc-3");
     let svc = on_n0(dir.path(), &fake, &id, "512Mi").await;
     drop(fake); // the server task stops: every request fails
@@ -150,7 +150,7 @@ fn modify(id: &str, kv: &[(&str, &str)]) -> Request<csi::ControllerModifyVolumeR
 #[tokio::test]
 async fn modify_volume_is_advertised_and_validated_before_anything_else() {
     let dir = tempfile::tempdir().unwrap();
-    let fake = Fake::start();
+    let fake = Fake::start(Role::Expansion);
     let id = thick_id("pvc-4");
     let svc = on_n0(dir.path(), &fake, &id, "512Mi").await;
     let caps = svc
