@@ -22,7 +22,7 @@ impl LvmPool {
             done => done?,
         }
         self.index.forget(lv);
-        self.ensure_nodes(lv).await
+        ensure_nodes(&path).await
     }
 
     /// Makes an LV that `lvs` reported usable through its device node: an
@@ -31,14 +31,10 @@ impl LvmPool {
     /// missing gets them.
     pub(super) async fn make_usable(&self, lv: &LvInfo) -> Result<()> {
         if lv.is_active() {
-            self.ensure_nodes(&lv.name).await
+            ensure_nodes(&self.lv_path(&lv.name)).await
         } else {
             self.activate_lv(&lv.name).await
         }
-    }
-
-    async fn ensure_nodes(&self, lv: &str) -> Result<()> {
-        ensure_nodes(&self.lv_path(lv)).await
     }
 }
 
