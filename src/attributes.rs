@@ -196,13 +196,7 @@ mod tests {
     #[tokio::test]
     async fn a_pv_of_this_node_has_its_class_read() {
         let tmp = tempfile::tempdir().unwrap();
-        let who = crate::driver::Identity {
-            driver_name: "localvol.csi.dev".into(),
-            node_id: "n1".into(),
-            kubelet_dir: tmp.path().join("kubelet"),
-        };
-        let config = crate::config::Config::embedded(tmp.path());
-        let driver = Driver::open(&who, &config).await.unwrap();
+        let driver = Driver::open_embedded(tmp.path(), "n1").await;
         let fake = Fake::start(Role::Attributes);
         fake.put_pv(json!({
             "apiVersion": "v1", "kind": "PersistentVolume",

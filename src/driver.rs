@@ -145,6 +145,19 @@ pub fn check_identity(who: &Identity) -> Result<()> {
 }
 
 impl Driver {
+    /// For tests: the driver `localvol.csi.dev` on `node`, with the
+    /// embedded default (one dir pool) below `dir` and kubelet's directory
+    /// at `dir/kubelet`.
+    #[cfg(test)]
+    pub async fn open_embedded(dir: &Path, node: &str) -> Arc<Driver> {
+        let who = Identity {
+            driver_name: "localvol.csi.dev".into(),
+            node_id: node.into(),
+            kubelet_dir: dir.join("kubelet"),
+        };
+        Driver::open(&who, &Config::embedded(dir)).await.unwrap()
+    }
+
     /// Opens the pools (and the static volumes) of `config`.
     pub async fn open(who: &Identity, config: &Config) -> Result<Arc<Driver>> {
         check_identity(who)?;

@@ -100,13 +100,7 @@ mod tests {
     #[tokio::test]
     async fn pool_changes_are_events_and_repeats_patch_them() {
         let tmp = tempfile::tempdir().unwrap();
-        let who = crate::driver::Identity {
-            driver_name: "localvol.csi.dev".into(),
-            node_id: "n1".into(),
-            kubelet_dir: tmp.path().join("kubelet"),
-        };
-        let config = crate::config::Config::embedded(tmp.path());
-        let driver = Driver::open(&who, &config).await.unwrap();
+        let driver = Driver::open_embedded(tmp.path(), "n1").await;
         let fake = Fake::start(Role::Storage);
         let mut m = Monitor::new(driver);
         m.set_cluster(fake.client.clone());

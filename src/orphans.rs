@@ -291,16 +291,7 @@ mod tests {
     use serde_json::json;
 
     async fn driver(dir: &std::path::Path) -> Arc<Driver> {
-        crate::driver::Driver::open(
-            &crate::driver::Identity {
-                driver_name: "localvol.csi.dev".into(),
-                node_id: "n1".into(),
-                kubelet_dir: dir.join("kubelet"),
-            },
-            &crate::config::Config::embedded(dir),
-        )
-        .await
-        .unwrap()
+        Driver::open_embedded(dir, "n1").await
     }
 
     async fn create(d: &Driver, name: &str) -> String {

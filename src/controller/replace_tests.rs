@@ -30,16 +30,7 @@ const RECORD: &str = "/api/v1/namespaces/kube-system/configmaps/localvol-lost.n1
 /// The node's driver on the dir pool under `dir` (opened again = the node
 /// plugin restarted on the same storage).
 async fn node_driver(dir: &Path) -> Arc<Driver> {
-    Driver::open(
-        &crate::driver::Identity {
-            driver_name: DRIVER.into(),
-            node_id: NODE.into(),
-            kubelet_dir: dir.join("kubelet"),
-        },
-        &crate::config::Config::embedded(dir),
-    )
-    .await
-    .unwrap()
+    Driver::open_embedded(dir, NODE).await
 }
 
 fn pool() -> PoolName {
