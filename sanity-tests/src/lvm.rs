@@ -100,6 +100,12 @@ impl LoopVg {
         PathBuf::from(format!("/dev/{}/{lv}", self.vg))
     }
 
+    /// The device-mapper name lvm gives `lv` of this VG (every `-` of both
+    /// names doubled, joined by `-`).
+    pub fn dm_name(&self, lv: &str) -> String {
+        format!("{}-{}", self.vg.replace('-', "--"), lv.replace('-', "--"))
+    }
+
     /// Every LV of the VG (`lvs` without `-a`: no hidden LVs).
     pub fn lvs(&self) -> Vec<LvRow> {
         let out = run_cmd(

@@ -1427,18 +1427,13 @@ async fn thin_pool_component_left_active_is_deactivated() {
     stop_cleanly(&mut f, when).await;
 }
 
-/// The device-mapper name of an LV (dashes doubled in both parts).
-fn dm_name(vg: &str, lv: &str) -> String {
-    format!("{}-{}", vg.replace('-', "--"), lv.replace('-', "--"))
-}
-
 /// Leaves `id`'s LV as an lvm killed between loading its table and
 /// resuming it does (`-wi-i-----`: a device with an inactive table only,
 /// no /dev nodes): deactivated, then its device made again from the table
 /// it had, loaded and not resumed.
 fn leave_inactive_table(f: &Fx, id: &str) {
     let (vg, lv) = (f.vg.vg.clone(), lv_name(id));
-    let name = dm_name(&vg, &lv);
+    let name = f.vg.dm_name(&lv);
     let table = run_cmd("dmsetup", &["table", &name]);
     let uuid = run_cmd(
         "dmsetup",
@@ -1450,21 +1445,8 @@ fn leave_inactive_table(f: &Fx, id: &str) {
         &["create", "--notable", &name, "-u", uuid.trim()],
     );
     run_cmd("dmsetup", &["load", &name, "--table", table.trim()]);
-    let attr = run_cmd(
-        "lvm",
-        &[
-            "lvs",
-            "--noheadings",
-            "-o",
-            "lv_attr",
-            &format!("{vg}/{lv}"),
-        ],
-    );
-    assert_eq!(
-        attr.trim().chars().nth(4),
-        Some('i'),
-        "made by hand: {attr}"
-    );
+    let attr = f.vg.lv(&lv).expect("the LV made by hand").attr;
+    assert_eq!(attr.chars().nth(4), Some('i'), "made by hand: {attr}");
     assert!(!f.vg.dev_path(&lv).exists(), "made by hand: no device node");
 }
 
@@ -1472,7 +1454,7 @@ fn leave_inactive_table(f: &Fx, id: &str) {
 /// making its nodes does on a node without udev: active, no /dev nodes.
 fn remove_device_nodes(f: &Fx, id: &str) {
     let lv = lv_name(id);
-    let mapper = PathBuf::from(format!("/dev/mapper/{}", dm_name(&f.vg.vg, &lv)));
+    let mapper = PathBuf::from(format!("/dev/mapper/{}", f.vg.dm_name(&lv)));
     for p in [f.vg.dev_path(&lv), mapper] {
         fs::remove_file(&p).unwrap_or_else(|e| panic!("removing {p:?}: {e}"));
     }

@@ -544,7 +544,7 @@ async fn a_wipe_whose_lvrename_was_cut_short_finishes() {
     }
     f.d.kill9();
     let vg = f.vg.vg.clone();
-    let dm = |lv: &str| format!("{}-{}", vg.replace('-', "--"), lv.replace('-', "--"));
+    let dm = |lv: &str| f.vg.dm_name(lv);
     for (i, id) in ids.iter().enumerate() {
         let old = lv_name(id);
         let new = format!("wp-{}-{i:x}", old.trim_start_matches("lv-"));
