@@ -283,7 +283,9 @@ async fn deleted_records_are_retired_reused_and_never_loaded() {
     let vb = pool.create(&b).await.unwrap();
     assert!(names(&deleted).is_empty());
     let text = fs::read(pool.record_path(&b.id.key)).unwrap();
-    assert_eq!(serde_json::from_slice::<Volume>(&text).unwrap(), vb);
+    let rec: record::DirRecord = serde_json::from_slice(&text).unwrap();
+    let entry = rec.entry(pool.name(), &b.id.key).unwrap();
+    assert_eq!(entry.volume(b.id.clone()), vb);
     assert_eq!(
         fs::metadata(pool.record_path(&b.id.key))
             .unwrap()
