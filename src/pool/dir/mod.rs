@@ -594,14 +594,7 @@ impl Pool for DirPool {
 #[async_trait]
 impl NodeSide for DirPool {
     fn source(&self, vol: &Volume) -> Result<Source> {
-        let key = vol
-            .id
-            .rsplit_once('.')
-            .and_then(|(_, k)| VolumeKey::parse(k))
-            .ok_or_else(|| {
-                PoolError::Inconsistent(format!("record has a malformed id {:?}", vol.id))
-            })?;
-        Ok(Source::Directory(self.data_dir(&key)))
+        Ok(Source::Directory(self.data_dir(&vol.id.key)))
     }
 
     async fn usage(&self, vol: &Volume) -> Result<Option<Usage>> {

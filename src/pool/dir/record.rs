@@ -129,10 +129,8 @@ impl Entry {
     /// The volume `id` as the services see it.
     pub fn volume(&self, id: VolumeId) -> Volume {
         Volume {
-            version: self.version,
-            id: id.to_string(),
-            name: self.name.as_str().to_owned(),
-            pool: id.pool.to_string(),
+            id,
+            name: self.name.clone(),
             size_bytes: self.size_bytes,
             access_type: self.access_type,
             created_unix: self.created_unix,
@@ -198,14 +196,7 @@ mod tests {
         let written = serde_json::to_vec_pretty(&entry.record(&id)).unwrap();
         assert_eq!(std::str::from_utf8(&written).unwrap(), TODAY);
         let vol = entry.volume(id.clone());
-        // What the pool wrote before it had a record type of its own: the
-        // volume itself.
-        let before = serde_json::to_vec_pretty(&vol).unwrap();
-        assert_eq!(std::str::from_utf8(&before).unwrap(), TODAY);
-        assert_eq!(
-            (vol.id, vol.name.as_str()),
-            (id.to_string(), "pvc-0b0e4e2e")
-        );
+        assert_eq!((vol.id, vol.name.as_str()), (id, "pvc-0b0e4e2e"));
         assert_eq!(vol.access_type, AccessType::Mount);
         assert_eq!(vol.parameters["csi.storage.k8s.io/pvc/name"], "data");
     }

@@ -72,21 +72,16 @@ impl NodeSide for LvmPool {
     }
 
     fn source(&self, vol: &Volume) -> Result<Source> {
-        let key = vol
-            .id
-            .rsplit_once('.')
-            .and_then(|(_, k)| VolumeKey::parse(k))
-            .ok_or_else(|| PoolError::Inconsistent(format!("malformed volume id {:?}", vol.id)))?;
         if vol.encryption.is_some() {
             // What is mounted, bound and grown is the opened mapping.
             return Ok(Source::Device(crypt::mapping_path(&crypt::mapping_name(
-                &vol.id,
+                &vol.id.to_string(),
             ))));
         }
         Ok(Source::Device(PathBuf::from(format!(
             "/dev/{}/{}",
             self.vg,
-            lv_name(&key)
+            lv_name(&vol.id.key)
         ))))
     }
 
@@ -115,29 +110,27 @@ impl NodeSide for LvmPool {
         if vol.encryption.is_none() {
             return Ok(None);
         }
-        let key = volume_key(vol)?;
         Ok(Some(Encrypted {
-            backing: PathBuf::from(format!("/dev/{}", self.lv_path(&lv_name(&key)))),
-            mapping: crypt::mapping_name(&vol.id),
+            backing: PathBuf::from(format!("/dev/{}", self.lv_path(&lv_name(&vol.id.key)))),
+            mapping: crypt::mapping_name(&vol.id.to_string()),
         }))
     }
 
     async fn activate(&self, vol: &Volume) -> Result<()> {
-        let key = volume_key(vol)?;
-        self.activate_lv(&lv_name(&key)).await?;
+        self.activate_lv(&lv_name(&vol.id.key)).await?;
         tracing::info!(volume = %vol.id, "activated the volume's LV");
         Ok(())
     }
 
     async fn filesystem_grown(&self, vol: &Volume) -> Result<()> {
-        let key = volume_key(vol)?;
-        lvm::delete_tag(&self.lv_path(&lv_name(&key)), TAG_GROW).await?;
-        self.index.forget(&lv_name(&key));
+        let name = lv_name(&vol.id.key);
+        lvm::delete_tag(&self.lv_path(&name), TAG_GROW).await?;
+        self.index.forget(&name);
         Ok(())
     }
 
     async fn filesystem_made(&self, vol: &Volume) -> Result<()> {
-        let name = lv_name(&volume_key(vol)?);
+        let name = lv_name(&vol.id.key);
         let done = lvm::delete_tag(&self.lv_path(&name), TAG_UNFORMATTED).await;
         // NodeStage erases a volume the index says is `unformatted`, so the
         // entry must never keep a tag lvm no longer has: mirror the change,
@@ -154,16 +147,11 @@ impl NodeSide for LvmPool {
     }
 
     async fn condition(&self, vol: &Volume) -> Result<Option<String>> {
-        let Some((_, key)) = vol.id.rsplit_once('.') else {
-            return Ok(None);
-        };
-        let Some(key) = VolumeKey::parse(key) else {
-            return Ok(None);
-        };
+        let key = &vol.id.key;
         // The condition is the LV's state now, never the index's: first as
         // device-mapper has it (no process: kubelet asks about every volume
         // every minute); lvs only when that cannot tell (no mapping).
-        let (vg, name, thin) = (self.vg.clone(), lv_name(&key), self.thin.clone());
+        let (vg, name, thin) = (self.vg.clone(), lv_name(key), self.thin.clone());
         let full = self.full_percent;
         let from_dm = crate::error::blocking(move || {
             Ok::<_, crate::error::IoError>(dm_condition(&vg, &name, thin.as_deref(), full))
@@ -172,8 +160,8 @@ impl NodeSide for LvmPool {
         if let Ok(Some(answer)) = from_dm {
             return Ok(answer);
         }
-        let Some(lv) = self.lookup(&key).await? else {
-            return Ok(Some(format!("LV {}/{} is missing", self.vg, lv_name(&key))));
+        let Some(lv) = self.lookup(key).await? else {
+            return Ok(Some(format!("LV {}/{} is missing", self.vg, lv_name(key))));
         };
         if !lv.is_active() {
             return Ok(Some(format!("LV {}/{} is not active", self.vg, lv.name)));

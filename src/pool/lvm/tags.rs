@@ -4,7 +4,7 @@
 //! retried create may take as its own.
 
 use super::LvmPool;
-use crate::ids::{VolumeId, VolumeKey};
+use crate::ids::{VolumeId, VolumeKey, VolumeName};
 use crate::lvm::{self, LvInfo};
 use crate::pool::{AccessType, CreateRequest, Encryption, Snapshot, Volume};
 use crate::pool::{PoolError, Result};
@@ -92,13 +92,6 @@ pub(super) fn snap_lv_name(key: &VolumeKey) -> String {
     format!("sn-{key}")
 }
 
-pub(super) fn volume_key(vol: &Volume) -> Result<VolumeKey> {
-    vol.id
-        .rsplit_once('.')
-        .and_then(|(_, k)| VolumeKey::parse(k))
-        .ok_or_else(|| PoolError::Inconsistent(format!("malformed volume id {:?}", vol.id)))
-}
-
 /// A volume whose create has not completed (see [`TAG_CREATING`],
 /// [`TAG_RESTORING`]).
 pub(super) fn is_unfinished(lv: &LvInfo) -> bool {
@@ -141,20 +134,17 @@ impl LvmPool {
             return None;
         }
         let key = VolumeKey::parse(lv.name.strip_prefix("lv-")?)?;
-        let name = lvm::decode_tag_value(lv.tag_value(TAG_NAME)?)?;
+        let name = VolumeName::parse(&lvm::decode_tag_value(lv.tag_value(TAG_NAME)?)?).ok()?;
         let access_type = match lv.tag_value(TAG_ACCESS)? {
             "block" => AccessType::Block,
             _ => AccessType::Mount,
         };
         Some(Volume {
-            version: 1,
             id: VolumeId {
                 pool: self.name.clone(),
                 key,
-            }
-            .to_string(),
+            },
             name,
-            pool: self.name.to_string(),
             size_bytes: lv.size,
             access_type,
             created_unix: 0,

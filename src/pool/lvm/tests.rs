@@ -85,8 +85,8 @@ fn an_lv_is_a_volume_only_when_its_tags_say_so() {
         "localvol.access=mount",
     ];
     let v = p.to_volume(&lv(&lv_name, &mine)).expect("our volume");
-    assert_eq!(v.id, format!("thin.{KEY}"));
-    assert_eq!((v.name.as_str(), v.pool.as_str()), ("pvc-1", "thin"));
+    assert_eq!(v.id.to_string(), format!("thin.{KEY}"));
+    assert_eq!((v.name.as_str(), v.pool().as_str()), ("pvc-1", "thin"));
     assert_eq!((v.size_bytes, v.access_type), (64 * MI, AccessType::Mount));
     assert!(!v.inactive && !v.grow_filesystem);
 
@@ -584,7 +584,7 @@ fn a_created_lv_is_what_lvs_would_report() {
         assert!(p.to_volume(&lv).is_none(), "{kind}: still tagged creating");
         lv.tags.retain(|t| t != TAG_CREATING);
         let vol = p.to_volume(&lv).unwrap();
-        assert_eq!(vol.id, req.id.to_string());
+        assert_eq!(vol.id, req.id);
         assert_eq!(vol.size_bytes, 64 * MI);
         assert!(!vol.inactive);
         super::super::matches_request(vol, &req, false).unwrap();
