@@ -8,6 +8,7 @@ use std::path::PathBuf;
 use async_trait::async_trait;
 
 use super::super::{Encrypted, NodeSide, Result, Source, Usage, Volume};
+use super::provisioning::{Provisioning, Thin};
 use super::*;
 use crate::blockdev::FsType;
 use crate::ids::VolumeId;
@@ -151,10 +152,10 @@ impl NodeSide for LvmPool {
         // The condition is the LV's state now, never the index's: first as
         // device-mapper has it (no process: kubelet asks about every volume
         // every minute); lvs only when that cannot tell (no mapping).
-        let (vg, name, thin) = (self.vg.clone(), lv_name(key), self.thin.clone());
-        let full = self.full_percent;
+        let (vg, name) = (self.vg.clone(), lv_name(key));
+        let thin = self.provisioning.thin().cloned();
         let from_dm = crate::error::blocking(move || {
-            Ok::<_, crate::error::IoError>(dm_condition(&vg, &name, thin.as_deref(), full))
+            Ok::<_, crate::error::IoError>(dm_condition(&vg, &name, thin.as_ref()))
         })
         .await;
         if let Ok(Some(answer)) = from_dm {
@@ -166,30 +167,26 @@ impl NodeSide for LvmPool {
         if !lv.is_active() {
             return Ok(Some(format!("LV {}/{} is not active", self.vg, lv.name)));
         }
-        if let Some(thin) = &self.thin {
-            if let Some(pool) = lvm::lv(&self.vg, thin).await? {
-                if pool.data_percent.unwrap_or(0.0) >= self.full_percent
-                    || pool.metadata_percent.unwrap_or(0.0) >= self.full_percent
-                {
-                    return Ok(Some(format!(
-                        "thin pool {}/{thin} is nearly full (data {:.1}%, metadata {:.1}%; threshold {}%)",
-                        self.vg,
-                        pool.data_percent.unwrap_or(0.0),
-                        pool.metadata_percent.unwrap_or(0.0),
-                        self.full_percent
-                    )));
-                }
+        match &self.provisioning {
+            Provisioning::Thin(thin) => {
+                Ok(lvm::lv(&self.vg, thin.pool.as_str())
+                    .await?
+                    .and_then(|pool| {
+                        let data = pool.data_percent.unwrap_or(0.0);
+                        thin.nearly_full(&self.vg, data, pool.metadata_percent.unwrap_or(0.0))
+                    }))
             }
+            Provisioning::Thick(_) => Ok(None),
         }
-        Ok(None)
     }
 }
 
 /// A volume's condition from device-mapper alone: `Some(None)` healthy (its
-/// mapping is there, and a thin volume's pool serves below `full` percent),
+/// mapping is there, and a thin volume's pool serves below its
+/// `thinFullPercent`),
 /// `Some(Some(why))` abnormal, `None` when it cannot tell (no mapping, or not
 /// one lvm made: the LV is inactive or gone, which lvs tells apart).
-fn dm_condition(vg: &str, lv: &str, thin: Option<&str>, full: f64) -> Option<Option<String>> {
+fn dm_condition(vg: &str, lv: &str, thin: Option<&Thin>) -> Option<Option<String>> {
     let st = crate::dm::status(&crate::dm::lv_name(vg, lv)).ok()??;
     if !st.is_lvm() {
         return None;
@@ -197,26 +194,44 @@ fn dm_condition(vg: &str, lv: &str, thin: Option<&str>, full: f64) -> Option<Opt
     if st.targets.iter().any(|t| t.status == "Fail") {
         return Some(Some(format!("LV {vg}/{lv} has failed (device-mapper)")));
     }
-    let Some(thin) = thin else {
-        return Some(None);
-    };
-    let (_, pool) = crate::dm::thin_pool(vg, thin).ok()??;
-    if pool.data_percent >= full || pool.metadata_percent >= full {
-        return Some(Some(format!(
-            "thin pool {vg}/{thin} is nearly full (data {:.1}%, metadata {:.1}%; threshold {full}%)",
-            pool.data_percent, pool.metadata_percent
-        )));
+    match thin {
+        Some(thin) => thin.dm_condition(vg),
+        None => Some(None),
     }
-    if !pool.serving() {
-        return Some(Some(format!(
-            "thin pool {vg}/{thin} is {}{} (device-mapper)",
-            pool.mode,
-            if pool.needs_check {
-                ", needs_check"
-            } else {
-                ""
-            }
-        )));
+}
+
+impl Thin {
+    /// The thin pool's part of a thin volume's condition, from its
+    /// device-mapper status (as [`dm_condition`] answers).
+    fn dm_condition(&self, vg: &str) -> Option<Option<String>> {
+        let thin = &self.pool;
+        let (_, pool) = crate::dm::thin_pool(vg, thin.as_str()).ok()??;
+        if let Some(why) = self.nearly_full(vg, pool.data_percent, pool.metadata_percent) {
+            return Some(Some(why));
+        }
+        if !pool.serving() {
+            return Some(Some(format!(
+                "thin pool {vg}/{thin} is {}{} (device-mapper)",
+                pool.mode,
+                if pool.needs_check {
+                    ", needs_check"
+                } else {
+                    ""
+                }
+            )));
+        }
+        Some(None)
     }
-    Some(None)
+
+    /// Why every volume of the thin pool is abnormal when its Data% or
+    /// Metadata% is at or over `thinFullPercent`.
+    fn nearly_full(&self, vg: &str, data: f64, meta: f64) -> Option<String> {
+        let full = self.full_percent;
+        (data >= full || meta >= full).then(|| {
+            format!(
+                "thin pool {vg}/{} is nearly full (data {data:.1}%, metadata {meta:.1}%; threshold {full}%)",
+                self.pool
+            )
+        })
+    }
 }

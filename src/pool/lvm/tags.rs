@@ -3,6 +3,7 @@
 //! are this pool's volumes or snapshots, which are unfinished, and which a
 //! retried create may take as its own.
 
+use super::provisioning::Provisioning;
 use super::LvmPool;
 use crate::ids::{VolumeId, VolumeKey, VolumeName};
 use crate::lvm::{self, LvInfo};
@@ -117,7 +118,9 @@ impl LvmPool {
     /// A thick pool's volume deleted and waiting for the wiper to rename it
     /// (see [`TAG_DELETED`]).
     pub(super) fn is_deleted(&self, lv: &LvInfo) -> bool {
-        self.wiper.is_some() && self.is_ours(lv) && lv.has_tag(TAG_DELETED)
+        matches!(self.provisioning, Provisioning::Thick(_))
+            && self.is_ours(lv)
+            && lv.has_tag(TAG_DELETED)
     }
 
     pub(super) fn is_ours(&self, lv: &LvInfo) -> bool {
@@ -189,7 +192,7 @@ impl LvmPool {
     /// and DeleteSnapshot remove it (it never held data). Seen in the VM:
     /// killed ~0.2 s into a 0.5 s `lvcreate -s`, lvm left `-wi-------`.
     pub(super) fn is_half_made_snapshot(&self, lv: &LvInfo) -> bool {
-        self.thin.is_none()
+        matches!(self.provisioning, Provisioning::Thick(_))
             && self.is_ours(lv)
             && lv.tag_value(TAG_KIND) == Some("snapshot")
             && !lv.is_cow_snapshot()
