@@ -279,7 +279,7 @@ impl Driver {
                 other => other?,
             };
             if let Some(v) = found {
-                if v.ephemeral_target().is_some() && v.name == raw {
+                if v.ephemeral_target().is_some() && v.name == name {
                     return Ok(Some((id, pool.clone(), v)));
                 }
             }
@@ -293,7 +293,7 @@ impl Driver {
     /// unmount and the delete). Run at start and by each orphan pass. A
     /// volume still mounted anywhere is refused by its pool and kept; a busy
     /// one is left to the next sweep. Returns the ids removed.
-    pub async fn sweep_ephemeral(&self) -> Vec<String> {
+    pub async fn sweep_ephemeral(&self) -> Vec<VolumeId> {
         let mut removed = Vec::new();
         for pool in self.pools.iter().filter(|p| p.backend() == Backend::Dir) {
             let vols = match pool.list().await {
@@ -319,13 +319,10 @@ impl Driver {
                 if !gone {
                     continue;
                 }
-                let Ok(ParsedId::Volume(id)) = VolumeId::parse("volume id", &v.id) else {
+                let Ok(_guard) = self.lock_volume(&v.id) else {
                     continue;
                 };
-                let Ok(_guard) = self.lock_volume(&id) else {
-                    continue;
-                };
-                match pool.delete(&id).await {
+                match pool.delete(&v.id).await {
                     Ok(()) => {
                         tracing::info!(volume = %v.id, name = %v.name, ?target, "ephemeral volume removed: its pod's target path is gone");
                         removed.push(v.id);

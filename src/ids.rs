@@ -4,6 +4,7 @@
 //! types: a [`VolumeId`] can only hold a validated pool name and a fixed-width hex
 //! key, so it can never contain `/`, `..` or NUL.
 
+use std::cmp::Ordering;
 use std::fmt;
 
 /// Topology key every volume and node is labelled with (`<key>=<node name>`).
@@ -68,14 +69,15 @@ impl<'de> serde::Deserialize<'de> for PoolName {
     }
 }
 
-/// The CO-chosen name of a volume (CreateVolume `name`).
+/// The CO-chosen name of a volume (CreateVolume `name`). Boxed: a dir
+/// pool's index keeps one per volume.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
-pub struct VolumeName(String);
+pub struct VolumeName(Box<str>);
 
 impl VolumeName {
     pub fn parse(s: &str) -> Result<Self> {
         check_text("name", s)?;
-        Ok(Self(s.to_owned()))
+        Ok(Self(s.into()))
     }
     pub fn as_str(&self) -> &str {
         &self.0
@@ -102,6 +104,12 @@ impl VolumeName {
     }
 }
 
+impl fmt::Display for VolumeName {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
 /// The fixed-width hex part of a volume id; safe to use as a file name.
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct VolumeKey(String);
@@ -124,7 +132,9 @@ impl fmt::Display for VolumeKey {
 
 /// A dynamic volume's id: `<pool>.<key>`. It carries the pool, so the node finds
 /// the volume without any lookup table, and the key, derived from the name.
-#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+/// Ids order as their text does (ListVolumes' pages and tokens are text), which
+/// is not pool-then-key order (`a-b.…` sorts before `a.…`).
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct VolumeId {
     pub pool: PoolName,
     pub key: VolumeKey,
@@ -169,6 +179,38 @@ impl VolumeId {
             Some(id) => ParsedId::Volume(id),
             None => ParsedId::Foreign(s.to_owned()),
         })
+    }
+}
+
+impl VolumeId {
+    /// The bytes of the id's text, without building it.
+    fn text(&self) -> impl Iterator<Item = u8> + '_ {
+        let (pool, key) = (self.pool.as_str().bytes(), self.key.as_str().bytes());
+        pool.chain(std::iter::once(b'.')).chain(key)
+    }
+
+    /// How the id's text compares with `s`.
+    pub fn cmp_text(&self, s: &str) -> Ordering {
+        self.text().cmp(s.bytes())
+    }
+}
+
+impl Ord for VolumeId {
+    fn cmp(&self, other: &Self) -> Ordering {
+        self.text().cmp(other.text())
+    }
+}
+
+impl PartialOrd for VolumeId {
+    fn partial_cmp(&self, other: &Self) -> Option<Ordering> {
+        Some(self.cmp(other))
+    }
+}
+
+/// Whether `s` is this id's text.
+impl PartialEq<str> for VolumeId {
+    fn eq(&self, s: &str) -> bool {
+        self.cmp_text(s) == Ordering::Equal
     }
 }
 
@@ -288,6 +330,30 @@ mod tests {
         match VolumeId::parse("volume id", &s).unwrap() {
             ParsedId::Volume(back) => assert_eq!(back, id),
             other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn ids_order_and_compare_as_their_text() {
+        let name = VolumeName::parse("n").unwrap();
+        let mut ids: Vec<VolumeId> = ["a", "a-b", "a0", "b", "ab"]
+            .iter()
+            .map(|p| VolumeId::new(PoolName::parse(p).unwrap(), &name))
+            .collect();
+        ids.sort();
+        let mut texts: Vec<String> = ids.iter().map(VolumeId::to_string).collect();
+        let sorted = texts.clone();
+        texts.sort();
+        assert_eq!(sorted, texts);
+        assert!(sorted[0].starts_with("a-b."), "{sorted:?}");
+        for id in &ids {
+            let text = id.to_string();
+            assert!(*id == *text.as_str());
+            assert_eq!(id.cmp_text(&text), Ordering::Equal);
+            assert!(*id != *format!("{text}0").as_str());
+            assert_eq!(id.cmp_text(&format!("{text}0")), Ordering::Less);
+            assert!(*id != text[..text.len() - 1]);
+            assert_eq!(id.cmp_text(""), Ordering::Greater);
         }
     }
 

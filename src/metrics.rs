@@ -498,13 +498,13 @@ async fn refresh_pools(pools: &Pools) {
             .set(gauge_value(vols.len() as u64));
         listed.push((
             labels.pool.clone(),
-            vols.iter().map(|v| v.id.clone()).collect(),
+            vols.iter().map(|v| v.id.to_string()).collect(),
         ));
         for v in vols.iter().filter(|v| v.project_id.is_some()) {
             if let Ok(Some(u)) = pool.usage(v).await {
                 let vl = VolumeLabels {
                     pool: labels.pool.clone(),
-                    volume: v.id.clone(),
+                    volume: v.id.to_string(),
                 };
                 usage.push((vl, u.used_bytes, u.total_bytes));
             }

@@ -194,8 +194,9 @@ impl Orphans {
                 .flatten()
             {
                 if v.ephemeral_target().is_none() {
-                    storage.insert(v.id.clone(), pool.storage_id().cloned());
-                    volumes.insert(v.id);
+                    let id = v.id.to_string();
+                    storage.insert(id.clone(), pool.storage_id().cloned());
+                    volumes.insert(id);
                 }
             }
         }
@@ -311,7 +312,14 @@ mod tests {
             encryption: None,
             io_limits: Default::default(),
         };
-        d.pools.get(&pool).unwrap().create(&req).await.unwrap().id
+        d.pools
+            .get(&pool)
+            .unwrap()
+            .create(&req)
+            .await
+            .unwrap()
+            .id
+            .to_string()
     }
 
     fn store(handles: &[(&str, &str)]) -> Store<PersistentVolume> {
@@ -421,7 +429,7 @@ mod tests {
             .await
             .unwrap()
             .into_iter()
-            .map(|v| v.id)
+            .map(|v| v.id.to_string())
             .collect();
         assert_eq!(left, [kept]);
     }

@@ -53,7 +53,14 @@ async fn create(d: &Driver, name: &str) -> String {
         encryption: None,
         io_limits: Default::default(),
     };
-    d.pools.get(&pool()).unwrap().create(&req).await.unwrap().id
+    d.pools
+        .get(&pool())
+        .unwrap()
+        .create(&req)
+        .await
+        .unwrap()
+        .id
+        .to_string()
 }
 
 fn storage_of(d: &Driver) -> String {
@@ -74,7 +81,7 @@ async fn volumes(d: &Driver) -> Vec<String> {
         .await
         .unwrap()
         .into_iter()
-        .map(|v| v.id)
+        .map(|v| v.id.to_string())
         .collect();
     v.sort();
     v

@@ -20,7 +20,7 @@ use super::scan::{self, Discovered, EntryKind};
 use super::StaticError;
 use super::{DiscoveryConfig, StaticHandle};
 use crate::error::blocking;
-use crate::ids::{PoolName, VolumeId, VolumeKey};
+use crate::ids::{PoolName, VolumeId, VolumeKey, VolumeName};
 use crate::pool::{
     AccessType, Capacity, CapacityRange, CreateRequest, Expanded, Health, NodeSide, Pool, Source,
     Volume,
@@ -84,17 +84,22 @@ impl StaticPool {
             pool: self.name.clone(),
             key,
         };
-        let vol = self.record(&d);
+        let vol = self.record(&d, id.clone());
         Ok(Some((id, self.clone() as Arc<dyn Pool>, vol)))
     }
 
-    fn record(&self, d: &Discovered) -> Volume {
+    /// The volume of a discovered entry whose id is `id`. Its name is the
+    /// entry's, or (an entry name that is no CSI name: over 128 bytes, or
+    /// with control characters) its handle; nothing reads a static
+    /// volume's name.
+    fn record(&self, d: &Discovered, id: VolumeId) -> Volume {
         let class = &self.cfg.classes[d.class];
+        let name = VolumeName::parse(&d.name)
+            .or_else(|_| VolumeName::parse(&d.handle.to_string()))
+            .expect("a static handle is a valid volume name");
         Volume {
-            version: 1,
-            id: d.handle.to_string(),
-            name: d.name.clone(),
-            pool: STATIC_POOL.into(),
+            id,
+            name,
             size_bytes: d.capacity_bytes,
             access_type: match d.kind {
                 EntryKind::Mount { .. } => AccessType::Mount,

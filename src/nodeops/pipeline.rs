@@ -212,7 +212,9 @@ pub async fn stage<P: NodeSide + ?Sized>(pool: &P, vol: &Volume, req: Stage) -> 
     } = req;
     if enc.is_some() && key.is_none() {
         // Refused before anything is touched, activation included.
-        return Err(StepError::KeyRequired { id: vol.id.clone() });
+        return Err(StepError::KeyRequired {
+            id: vol.id.to_string(),
+        });
     }
     let activate = needs_activation(vol, &src, enc.as_ref()).await?;
     for step in stage_steps(
@@ -226,7 +228,9 @@ pub async fn stage<P: NodeSide + ?Sized>(pool: &P, vol: &Volume, req: Stage) -> 
             Step::Activate => pool.activate(vol).await?,
             Step::OpenEncryption => {
                 let (Some(enc), Some(key)) = (&enc, &key) else {
-                    return Err(StepError::KeyRequired { id: vol.id.clone() });
+                    return Err(StepError::KeyRequired {
+                        id: vol.id.to_string(),
+                    });
                 };
                 // LUKS2 on the LV if it is blank (or, never written, holds
                 // what a cut-short luksFormat left), then open (or reuse)
@@ -453,7 +457,7 @@ pub async fn publish<P: NodeSide + ?Sized>(pool: &P, vol: &Volume, req: Publish)
             .is_none()
         {
             return Err(StepError::EncryptedNotStaged {
-                id: vol.id.clone(),
+                id: vol.id.to_string(),
                 mapping: enc.mapping,
             });
         }
@@ -529,14 +533,17 @@ pub struct VolumeAtPath {
 /// blocking call: `NotAtPath` when the path cannot hold a volume of this
 /// driver (relative, outside the kubelet dir), is missing, or holds another
 /// mount (NOT_FOUND), otherwise whether the volume is mounted there and,
-/// with `stats`, the filesystem's figures there.
+/// with `stats`, the filesystem's figures there. `id` is the volume as the
+/// request names it (a static volume's handle).
 pub async fn volume_at_path(
     place: PathPlace,
     src: Source,
     vol: &Volume,
+    id: &str,
     stats: bool,
 ) -> Result<VolumeAtPath> {
-    let (access, id) = (vol.access_type, vol.id.clone());
+    let access = vol.access_type;
+    let id = id.to_owned();
     let path = match place {
         PathPlace::Below(rp) => rp,
         PathPlace::Elsewhere(why) => {

@@ -160,12 +160,13 @@ pub(super) fn access_type_of(caps: &[Capability], pool: &dyn Pool) -> Result<Acc
     Ok(t)
 }
 
-/// The capability's access type must be the volume's.
-pub(super) fn check_access_type(cap: &Capability, vol: &Volume) -> Result<()> {
+/// The capability's access type must be the volume's (`id`: as the
+/// request names it, a static volume's handle).
+pub(super) fn check_access_type(cap: &Capability, vol: &Volume, id: &str) -> Result<()> {
     if cap.access_type != vol.access_type {
         return unfit(format!(
-            "volume {} is a {:?} volume; the capability asks for {:?}",
-            vol.id, vol.access_type, cap.access_type
+            "volume {id} is a {:?} volume; the capability asks for {:?}",
+            vol.access_type, cap.access_type
         ));
     }
     Ok(())

@@ -355,7 +355,7 @@ pub async fn list_volumes(d: &Driver, req: ListPage) -> Result<Page<VolumeEntry>
     })
     .await?;
     all.sort_by(|a, b| a.id.cmp(&b.id));
-    let page = page(all, |v| v.id.as_str(), token, req.max, "volume")?;
+    let page = page(all, |v| &v.id, token, req.max, "volume")?;
     Ok(Page {
         entries: (page.entries.into_iter())
             .map(|v| VolumeEntry::of(d, v))

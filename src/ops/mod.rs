@@ -194,9 +194,7 @@ pub struct VolumeEntry {
 
 impl VolumeEntry {
     fn of(d: &Driver, volume: Volume) -> Self {
-        let storage = crate::ids::PoolName::parse(&volume.pool)
-            .ok()
-            .and_then(|p| d.pools.get(&p))
+        let storage = (d.pools.get(volume.pool()))
             .and_then(|p| p.storage_id())
             .cloned();
         VolumeEntry { volume, storage }
@@ -215,9 +213,9 @@ pub struct Page<T> {
 /// id is `token` (empty: the first). The next page's token is the id of the
 /// entry after it; an unknown token is [`Refusal::BadToken`] (the spec's
 /// ABORTED). A large page has the heap trimmed soon after the answer.
-pub fn page<T>(
+pub fn page<T, I: PartialEq<str> + std::fmt::Display + ?Sized>(
     mut sorted: Vec<T>,
-    id: impl Fn(&T) -> &str,
+    id: impl Fn(&T) -> &I,
     token: &str,
     max: usize,
     what: &'static str,
@@ -226,7 +224,7 @@ pub fn page<T>(
         "" => 0,
         t => sorted
             .iter()
-            .position(|e| id(e) == t)
+            .position(|e| *id(e) == *t)
             .ok_or_else(|| Refusal::BadToken {
                 token: crate::ids::truncate(t).to_owned(),
                 what,
@@ -235,7 +233,7 @@ pub fn page<T>(
     let end = start.saturating_add(max).min(sorted.len());
     let next_token = sorted
         .get(end)
-        .map(|e| id(e).to_owned())
+        .map(|e| id(e).to_string())
         .unwrap_or_default();
     sorted.truncate(end);
     sorted.drain(..start);

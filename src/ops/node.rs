@@ -49,7 +49,7 @@ pub async fn stage(d: &Driver, req: Stage) -> Result<()> {
     let (id, pool, vol) = d.require("volume_id", &volume_id).await?;
     d.require_usable(&id.pool)?;
     d.check_storage(&id, pool.as_ref(), storage.as_ref())?;
-    check_access_type(&cap, &vol)?;
+    check_access_type(&cap, &vol, &volume_id)?;
     let key = match (pool.encrypted(&vol)?, key) {
         (None, _) => None,
         (Some(_), Some(Ok(key))) => Some(key),
@@ -197,7 +197,7 @@ pub async fn publish(d: &Driver, req: Publish) -> Result<()> {
     let (id, pool, vol) = d.require("volume_id", &req.volume_id).await?;
     d.require_usable(&id.pool)?;
     d.check_storage(&id, pool.as_ref(), req.storage.as_ref())?;
-    check_access_type(&req.cap, &vol)?;
+    check_access_type(&req.cap, &vol, &req.volume_id)?;
     let src = pool.source(&vol)?;
     let publish = pipeline::Publish {
         mount: mount_options(&req.cap, &src)?,
@@ -320,7 +320,7 @@ pub async fn stats(d: &Driver, volume_id: &str, place: PathPlace) -> Result<Stat
         // An answer, not an error: kubelet shows the condition on the
         // pod's PVC (and the health monitor reports it).
         let why = format!("pool {} is unusable: {why}", id.pool);
-        note_condition(id.pool.as_str(), vol.id.as_str(), Some(&why));
+        note_condition(id.pool.as_str(), volume_id, Some(&why));
         return Ok(Stats {
             bytes: (0, vol.size_bytes, 0),
             inodes: None,
@@ -328,10 +328,10 @@ pub async fn stats(d: &Driver, volume_id: &str, place: PathPlace) -> Result<Stat
         });
     }
     let block = vol.access_type == AccessType::Block;
-    let at = pipeline::volume_at_path(place, pool.source(&vol)?, &vol, !block).await?;
+    let at = pipeline::volume_at_path(place, pool.source(&vol)?, &vol, volume_id, !block).await?;
     let usage = pool.usage(&vol).await?;
     let condition = pool.condition(&vol).await?.or(at.mounted.err());
-    note_condition(pool.name().as_str(), &vol.id, condition.as_deref());
+    note_condition(pool.name().as_str(), volume_id, condition.as_deref());
     let (bytes, inodes) = match (usage, at.stats) {
         (Some(u), _) if block => ((0, u.total_bytes, 0), None),
         (Some(u), _) => (
@@ -388,9 +388,10 @@ pub async fn expand_on_node(d: &Driver, req: NodeExpand) -> Result<u64> {
     let (id, pool, vol) = d.require("volume_id", &req.volume_id).await?;
     d.require_usable(&id.pool)?;
     if let Some(cap) = &req.cap {
-        check_access_type(cap, &vol)?;
+        check_access_type(cap, &vol, &req.volume_id)?;
     }
-    let at = pipeline::volume_at_path(req.place, pool.source(&vol)?, &vol, false).await?;
+    let at = pipeline::volume_at_path(req.place, pool.source(&vol)?, &vol, &req.volume_id, false)
+        .await?;
     let expand = pipeline::Expand {
         id,
         range: req.range,

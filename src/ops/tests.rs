@@ -69,7 +69,7 @@ fn new_volume(name: &str, size: u64) -> NewVolume {
 /// Creates a volume and returns its id.
 async fn made(d: &Driver, name: &str) -> String {
     let made = create_volume(d, new_volume(name, 8 * MI)).await.unwrap();
-    made.entry.volume.id
+    made.entry.volume.id.to_string()
 }
 
 fn parsed(id: &str) -> ParsedId {
@@ -120,7 +120,7 @@ async fn create_volume_is_idempotent_and_checks_the_pool_first() {
     let mut block = new_volume("pvc-b", MI);
     block.caps = vec![cap(AccessType::Block)];
     let mut clone = new_volume("pvc-b", MI);
-    clone.content = Some(("volume", parsed(&a.entry.volume.id)));
+    clone.content = Some(("volume", parsed(&a.entry.volume.id.to_string())));
     for (req, says) in [
         (limits, "apply to LVM volumes"),
         (luks, "applies to LVM pools"),

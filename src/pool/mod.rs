@@ -91,50 +91,41 @@ pub struct CreateRequest {
     pub io_limits: IoLimits,
 }
 
-/// A volume as the services see it, whatever its pool. Dir pools store it
-/// as their JSON record on disk (serde); LVM pools build it from the LV's
-/// size, attributes and tags (fields they do not record, such as
-/// `created_unix` and `parameters`, stay at their defaults); static volumes
-/// build it from the discovered entry. `inactive` is never stored.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase")]
+/// A volume as the services see it, whatever its pool. Dir pools keep it
+/// as their record (`dir/record.rs`, the JSON on disk); LVM pools build it
+/// from the LV's size, attributes and tags (fields they do not record, such
+/// as `created_unix` and `parameters`, stay at their defaults); static
+/// volumes build it from the discovered entry. `inactive` is never stored.
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Volume {
-    pub version: u32,
-    pub id: String,
-    pub name: String,
-    pub pool: String,
+    /// `<pool>.<key>`: its pool is `id.pool`. A static volume's is its
+    /// entry key in the static pool (its handle is the request's id).
+    pub id: VolumeId,
+    pub name: VolumeName,
     pub size_bytes: u64,
     pub access_type: AccessType,
     pub created_unix: u64,
-    #[serde(default)]
     pub parameters: BTreeMap<String, String>,
     /// Project quota id enforcing the size (dir pools with quotas).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub project_id: Option<u32>,
     /// Inode hard limit, when one was asked for.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub inode_limit: Option<u64>,
     /// The filesystem is smaller than the device (a restore or clone into a
     /// larger volume): the node grows it when it next stages the volume.
-    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub grow_filesystem: bool,
     /// The driver has not yet made this volume's filesystem (a new, empty
     /// LVM volume of mount access): whatever the node finds on the device is
     /// a cut-short format of its own (an `mkfs` or driver killed mid-run),
     /// never data, so NodeStage formats it whole. Cleared, through
     /// [`NodeSide::filesystem_made`], before the first mount.
-    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub unformatted: bool,
     /// The device exists but is not active on this node (an LV after a boot
     /// without VG auto-activation): the node activates it before use.
-    #[serde(skip)]
     pub inactive: bool,
     /// Encrypted at rest: the node opens it with the stage secret's key.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub encryption: Option<Encryption>,
     /// IO limits the node puts on every pod that has it published
     /// (cgroup v2 `io.max`; LVM pools record them in a tag).
-    #[serde(default, skip_serializing_if = "IoLimits::is_unlimited")]
     pub io_limits: IoLimits,
 }
 
@@ -147,6 +138,10 @@ pub const EPHEMERAL_KEY: &str = "csi.storage.k8s.io/ephemeral";
 pub const EPHEMERAL_TARGET_KEY: &str = "localvol.csi.dev/ephemeral-target";
 
 impl Volume {
+    pub fn pool(&self) -> &PoolName {
+        &self.id.pool
+    }
+
     /// The target path of an ephemeral inline volume (None: a persistent one).
     pub fn ephemeral_target(&self) -> Option<PathBuf> {
         if self.parameters.get(EPHEMERAL_KEY).map(String::as_str) != Some("true") {
@@ -248,7 +243,7 @@ pub fn matches_request(
     req: &CreateRequest,
     compare_parameters: bool,
 ) -> Result<Volume> {
-    let mismatch = if existing.name != req.name.as_str() {
+    let mismatch = if existing.name != req.name {
         Some("another name hashes to the same id".to_owned())
     } else if !req.range.admits(existing.size_bytes) {
         Some(format!("it has {} bytes", existing.size_bytes))
@@ -540,7 +535,7 @@ pub trait Pool: NodeSide {
             .list()
             .await?
             .into_iter()
-            .filter(|v| v.id.as_str() >= from)
+            .filter(|v| v.id.cmp_text(from).is_ge())
             .collect();
         all.sort_by(|a, b| a.id.cmp(&b.id));
         all.truncate(max);

@@ -11,6 +11,7 @@ use async_trait::async_trait;
 
 use super::*;
 use crate::crypt::Encryption;
+use crate::ids::{PoolName, VolumeId, VolumeKey, VolumeName};
 
 /// A pool that records what the pipeline asked of it.
 struct FakePool {
@@ -67,10 +68,11 @@ impl NodeSide for FakePool {
 
 fn volume(access: AccessType) -> Volume {
     Volume {
-        version: 1,
-        id: "p.0123456789abcdef0123456789abcdef".into(),
-        name: "v".into(),
-        pool: "p".into(),
+        id: VolumeId {
+            pool: PoolName::parse("p").unwrap(),
+            key: VolumeKey::parse("0123456789abcdef0123456789abcdef").unwrap(),
+        },
+        name: VolumeName::parse("v").unwrap(),
         size_bytes: 1 << 30,
         access_type: access,
         created_unix: 0,
@@ -268,7 +270,7 @@ async fn a_path_that_does_not_exist_does_not_hold_the_volume() {
     let missing: PathBuf = t.path().join("pods/p/volumes/none");
     let place = RequestPath::place("volume_path", t.path(), missing.to_str().unwrap()).unwrap();
     let v = volume(AccessType::Mount);
-    let e = volume_at_path(place, dir(t.path()), &v, true)
+    let e = volume_at_path(place, dir(t.path()), &v, "p.v", true)
         .await
         .err()
         .unwrap();
@@ -279,9 +281,15 @@ async fn a_path_that_does_not_exist_does_not_hold_the_volume() {
 async fn a_path_outside_the_kubelet_dir_does_not_hold_the_volume() {
     let t = tempfile::tempdir().unwrap();
     let place = RequestPath::place("volume_path", &t.path().join("kubelet"), "/etc").unwrap();
-    let e = volume_at_path(place, dir(t.path()), &volume(AccessType::Mount), false)
-        .await
-        .err()
-        .unwrap();
+    let e = volume_at_path(
+        place,
+        dir(t.path()),
+        &volume(AccessType::Mount),
+        "p.v",
+        false,
+    )
+    .await
+    .err()
+    .unwrap();
     assert!(matches!(e, StepError::NotAtPath(_)), "{e:?}");
 }

@@ -4,9 +4,10 @@
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::path::PathBuf;
 
-use super::super::{AccessType, Volume};
+use super::super::Volume;
+use super::record::Entry;
 use super::{project_candidates, PROJECT_TRIES};
-use crate::ids::{PoolName, VolumeKey};
+use crate::ids::{PoolName, VolumeId, VolumeKey};
 
 pub(super) struct State {
     pub(super) volumes: Index,
@@ -28,7 +29,7 @@ pub(super) struct State {
 /// Each record is kept without what its key and the pool already say (its
 /// id and pool name), and its key inline: a node may hold 10,000 volumes,
 /// and every byte per volume is 10 kB of the driver's memory. [`Volume`]s
-/// are made from it when asked for.
+/// are made from it when asked for (`record.rs`).
 pub(super) struct Index {
     pub(super) pool: PoolName,
     pub(super) by_key: BTreeMap<KeyBytes, Entry>,
@@ -41,23 +42,19 @@ pub(super) struct Index {
 /// within a pool).
 pub(super) type KeyBytes = [u8; 32];
 
-/// A record in the index: a [`Volume`] less its id and pool.
-pub(super) struct Entry {
-    pub(super) name: Box<str>,
-    pub(super) size_bytes: u64,
-    pub(super) created_unix: u64,
-    pub(super) version: u32,
-    pub(super) access_type: AccessType,
-    pub(super) grow_filesystem: bool,
-    pub(super) project_id: Option<u32>,
-    pub(super) inode_limit: Option<u64>,
-    pub(super) parameters: BTreeMap<String, String>,
-}
-
 pub(super) fn key_bytes(key: &VolumeKey) -> KeyBytes {
     let mut k = [0u8; 32];
     k.copy_from_slice(key.as_str().as_bytes());
     k
+}
+
+/// The key whose digits `k` holds (every key of the index came from one,
+/// [`key_bytes`]).
+fn key_of(k: &KeyBytes) -> VolumeKey {
+    std::str::from_utf8(k)
+        .ok()
+        .and_then(VolumeKey::parse)
+        .expect("the index's keys are volume keys")
 }
 
 impl Index {
@@ -72,40 +69,20 @@ impl Index {
 
     /// The volume a record describes: its id is `<pool>.<key>`.
     pub(super) fn volume(&self, key: &KeyBytes, e: &Entry) -> Volume {
-        let key = std::str::from_utf8(key).unwrap_or_default();
-        Volume {
-            version: e.version,
-            id: format!("{}.{key}", self.pool),
-            name: e.name.to_string(),
-            pool: self.pool.to_string(),
-            size_bytes: e.size_bytes,
-            access_type: e.access_type,
-            created_unix: e.created_unix,
-            parameters: e.parameters.clone(),
-            project_id: e.project_id,
-            inode_limit: e.inode_limit,
-            grow_filesystem: e.grow_filesystem,
-            unformatted: false,
-            inactive: false,
-            // Dir pools refuse encryption and IO limits at create.
-            encryption: None,
-            io_limits: Default::default(),
-        }
-    }
-
-    /// Whether a record read from disk is one this index can hold exactly:
-    /// this pool's, with the id its key makes.
-    pub(super) fn fits(&self, key: &VolumeKey, v: &Volume) -> bool {
-        v.pool == self.pool.as_str()
-            && v.id
-                .strip_prefix(self.pool.as_str())
-                .and_then(|r| r.strip_prefix('.'))
-                == Some(key.as_str())
+        e.volume(VolumeId {
+            pool: self.pool.clone(),
+            key: key_of(key),
+        })
     }
 
     pub(super) fn get(&self, key: &VolumeKey) -> Option<Volume> {
         let k = key_bytes(key);
         self.by_key.get(&k).map(|e| self.volume(&k, e))
+    }
+
+    /// The record of `key`, as the index holds it.
+    pub(super) fn entry(&self, key: &VolumeKey) -> Option<&Entry> {
+        self.by_key.get(&key_bytes(key))
     }
 
     pub(super) fn len(&self) -> usize {
@@ -123,18 +100,7 @@ impl Index {
             .filter_map(|e| e.project_id.map(|p| (p, e.size_bytes)))
     }
 
-    pub(super) fn insert(&mut self, key: &VolumeKey, vol: Volume) {
-        let e = Entry {
-            name: vol.name.into_boxed_str(),
-            size_bytes: vol.size_bytes,
-            created_unix: vol.created_unix,
-            version: vol.version,
-            access_type: vol.access_type,
-            grow_filesystem: vol.grow_filesystem,
-            project_id: vol.project_id,
-            inode_limit: vol.inode_limit,
-            parameters: vol.parameters,
-        };
+    pub(super) fn insert(&mut self, key: &VolumeKey, e: Entry) {
         self.account(&e, true);
         if let Some(old) = self.by_key.insert(key_bytes(key), e) {
             self.account(&old, false);

@@ -45,17 +45,17 @@ use crate::mount::MountTable;
 use crate::quota::Quotas;
 
 mod index;
+mod record;
 mod records;
 
 use index::State;
+use record::Entry;
 #[cfg(test)]
 use records::POOL_ID_FILE;
 use records::{
     apply_recorded_limits, load_records, now_unix, open_spare_dir, prepare_dir, storage_id,
     Prepared,
 };
-
-const RECORD_VERSION: u32 = 1;
 
 /// Why a dir pool that enforces no quotas (`why`) refuses an inode limit.
 pub(super) fn no_inode_limit(pool: &PoolName, why: &str) -> String {
@@ -212,27 +212,6 @@ impl DirPool {
             spare_dir,
             storage,
         })
-    }
-
-    /// The record of a volume a create is making.
-    fn new_volume(&self, req: &CreateRequest, size: u64, project_id: Option<u32>) -> Volume {
-        Volume {
-            version: RECORD_VERSION,
-            id: req.id.to_string(),
-            name: req.name.as_str().to_owned(),
-            pool: self.name.to_string(),
-            size_bytes: size,
-            access_type: req.access_type,
-            created_unix: now_unix(),
-            parameters: req.parameters.clone(),
-            project_id,
-            inode_limit: req.inode_limit,
-            grow_filesystem: false,
-            unformatted: false,
-            inactive: false,
-            encryption: None,
-            io_limits: Default::default(),
-        }
     }
 
     /// Why sizes are not enforced, or None when project quotas enforce them.
@@ -407,9 +386,9 @@ impl Pool for DirPool {
         for _ in 0..PROJECT_TRIES {
             let space = self.space().await?;
             let candidate = self.reserve_space(&key, size, &space, &what)?;
-            let vol = self.new_volume(req, size, candidate);
+            let entry = Entry::new(req, size, candidate, now_unix());
             let (d, q, state) = (data.clone(), self.quotas.clone(), self.state.clone());
-            let (record, rec) = (record.clone(), vol.clone());
+            let (record, rec) = (record.clone(), entry.record(&req.id));
             let inodes = req.inode_limit.unwrap_or(0);
             // The directory (and its quota) first, the record last: one trip
             // to the blocking pool for both.
@@ -428,9 +407,10 @@ impl Pool for DirPool {
             .await;
             match prepared {
                 Ok(Prepared::Done) => {
+                    let vol = entry.volume(req.id.clone());
                     let mut st = self.state();
                     st.reserved.remove(&key);
-                    st.volumes.insert(&key, vol.clone());
+                    st.volumes.insert(&key, entry);
                     return Ok(vol);
                 }
                 Ok(Prepared::ProjectBusy(p)) => {
@@ -510,10 +490,7 @@ impl Pool for DirPool {
 
     async fn expand(&self, id: &VolumeId, range: CapacityRange) -> Result<Expanded> {
         let key = id.key.clone();
-        let current = self
-            .state()
-            .volumes
-            .get(&key)
+        let current = (self.state().volumes.entry(&key).cloned())
             .ok_or_else(|| PoolError::VolumeNotFound(id.to_string()))?;
         let new_size = self.size_for(CapacityRange {
             required: range.required,
@@ -565,9 +542,13 @@ impl Pool for DirPool {
             }
             st.reserved.insert(key.clone(), (delta, None));
         }
-        let mut grown = current.clone();
+        let mut grown = current;
         grown.size_bytes = new_size;
-        let (record, rec, quotas) = (self.record_path(&key), grown.clone(), self.quotas.clone());
+        let (record, rec, quotas) = (
+            self.record_path(&key),
+            grown.record(id),
+            self.quotas.clone(),
+        );
         let res = blocking(move || {
             // Raise the limit first: a crash before the record write leaves a
             // limit that the next start lowers back to the recorded size.
@@ -613,14 +594,7 @@ impl Pool for DirPool {
 #[async_trait]
 impl NodeSide for DirPool {
     fn source(&self, vol: &Volume) -> Result<Source> {
-        let key = vol
-            .id
-            .rsplit_once('.')
-            .and_then(|(_, k)| VolumeKey::parse(k))
-            .ok_or_else(|| {
-                PoolError::Inconsistent(format!("record has a malformed id {:?}", vol.id))
-            })?;
-        Ok(Source::Directory(self.data_dir(&key)))
+        Ok(Source::Directory(self.data_dir(&vol.id.key)))
     }
 
     async fn usage(&self, vol: &Volume) -> Result<Option<Usage>> {

@@ -7,8 +7,9 @@ use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::time::{SystemTime, UNIX_EPOCH};
 
-use super::super::{PoolError, Result, Volume};
+use super::super::{PoolError, Result};
 use super::index::Index;
+use super::record::{DirRecord, NotThisPools};
 use crate::error::IoContext;
 use crate::fsutil;
 use crate::ids::{PoolName, StorageId, VolumeKey};
@@ -60,7 +61,7 @@ pub(super) fn apply_recorded_limits(pool: &PoolName, q: &Quotas, volumes: &Index
         match v.project_id {
             Some(p) => q.set_limits(p, v.size_bytes, v.inode_limit.unwrap_or(0))?,
             None => {
-                tracing::warn!(pool = %pool, volume = v.id, "volume was created without a project quota; its size is not enforced")
+                tracing::warn!(pool = %pool, volume = %v.id, "volume was created without a project quota; its size is not enforced")
             }
         }
     }
@@ -172,10 +173,14 @@ pub(super) fn load_records(pool: &PoolName, dir: &Path) -> Result<Index> {
         fs::File::open(entry.path())
             .and_then(|mut f| std::io::Read::read_to_end(&mut f, &mut text))
             .ctx(|| format!("reading {:?}", entry.path()))?;
-        match serde_json::from_slice::<Volume>(&text) {
-            Ok(v) if out.fits(&key, &v) => out.insert(&key, v),
-            Ok(v) => {
-                tracing::error!(pool = %pool, record = fname, id = v.id, "record belongs to another pool or id; ignored")
+        let rec = serde_json::from_slice::<DirRecord>(&text);
+        match rec.map(|r| (r.id.clone(), r.entry(pool, &key))) {
+            Ok((_, Ok(e))) => out.insert(&key, e),
+            Ok((id, Err(NotThisPools::OtherPoolOrId))) => {
+                tracing::error!(pool = %pool, record = fname, id, "record belongs to another pool or id; ignored")
+            }
+            Ok((id, Err(NotThisPools::BadName(why)))) => {
+                tracing::error!(pool = %pool, record = fname, id, why, "record names its volume with no valid volume name; ignored (not deleted)")
             }
             Err(e) => {
                 tracing::error!(pool = %pool, record = fname, error = %e, "unreadable volume record; ignored (not deleted)")

@@ -139,7 +139,7 @@ async fn pages_follow_id_order_from_any_token() {
         .await
         .unwrap()
         .into_iter()
-        .map(|v| v.id)
+        .map(|v| v.id.to_string())
         .collect();
     ids.sort();
     let page = |from: String, max: usize| {
@@ -150,7 +150,7 @@ async fn pages_follow_id_order_from_any_token() {
                 .await
                 .unwrap()
                 .into_iter()
-                .map(|v| v.id)
+                .map(|v| v.id.to_string())
                 .collect();
             got
         }
@@ -174,7 +174,7 @@ async fn pages_follow_id_order_from_any_token() {
         .insert("csi.storage.k8s.io/pvc/name".into(), "data".into());
     let v = pool.create(&with_params).await.unwrap();
     assert_eq!(pool.get(&with_params.id).await.unwrap(), Some(v.clone()));
-    assert!(pool.list_page(&v.id, 1).await.unwrap() == [v.clone()]);
+    assert!(pool.list_page(&v.id.to_string(), 1).await.unwrap() == [v.clone()]);
     pool.delete(&with_params.id).await.unwrap();
     // The index keeps the allocation as volumes come and go.
     assert_eq!(pool.state().volumes.allocated, 20 * 4096);
@@ -283,7 +283,9 @@ async fn deleted_records_are_retired_reused_and_never_loaded() {
     let vb = pool.create(&b).await.unwrap();
     assert!(names(&deleted).is_empty());
     let text = fs::read(pool.record_path(&b.id.key)).unwrap();
-    assert_eq!(serde_json::from_slice::<Volume>(&text).unwrap(), vb);
+    let rec: record::DirRecord = serde_json::from_slice(&text).unwrap();
+    let entry = rec.entry(pool.name(), &b.id.key).unwrap();
+    assert_eq!(entry.volume(b.id.clone()), vb);
     assert_eq!(
         fs::metadata(pool.record_path(&b.id.key))
             .unwrap()

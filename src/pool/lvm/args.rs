@@ -1,6 +1,7 @@
 //! `lvcreate` arguments for new volumes, restores and clones (built by
 //! [`lvm::lvcreate_args`], the one builder).
 
+use super::provisioning::Provisioning;
 use super::restore::Restore;
 use super::tags::*;
 use super::LvmPool;
@@ -33,13 +34,7 @@ impl LvmPool {
 
     /// A thin or thick LV of `size` bytes, as this pool makes them.
     pub(super) fn new_lv(&self, size: u64) -> NewLv<'_> {
-        match &self.thin {
-            Some(pool) => NewLv::Thin { pool, size },
-            None => NewLv::Thick {
-                size,
-                options: &self.options,
-            },
-        }
+        self.provisioning.new_lv(size)
     }
 
     /// `lvcreate` arguments for a volume made from `src_lv`: a thin snapshot
@@ -60,14 +55,14 @@ impl LvmPool {
         if size > src_size {
             tags.push(TAG_GROW.to_owned());
         }
-        let what = match &self.thin {
-            Some(_) => {
+        let what = match &self.provisioning {
+            Provisioning::Thin(_) => {
                 tags.push(TAG_CREATING.to_owned());
                 NewLv::ThinVolumeOf {
                     origin: &src_lv.name,
                 }
             }
-            None => {
+            Provisioning::Thick(_) => {
                 tags.push(TAG_RESTORING.to_owned());
                 self.new_lv(size)
             }

@@ -24,6 +24,7 @@ use async_trait::async_trait;
 use tokio::sync::OwnedMutexGuard;
 
 use super::locks::ThinPoolLocks;
+use super::provisioning::{Thin, ThinPoolName};
 use super::*;
 use crate::lvm::{BlockRuns, Run};
 use crate::pool::{BlockMaps, Extent, Extents, MappedSnapshot, Window};
@@ -32,10 +33,13 @@ use crate::pool::{BlockMaps, Extent, Extents, MappedSnapshot, Window};
 static METADATA_LOCKS: ThinPoolLocks = ThinPoolLocks::new();
 
 /// The thin pool's target as the kernel has it now (None: not active).
-pub(super) async fn target(vg: &str, thin: &str) -> Result<Option<crate::dm::ThinPoolTarget>> {
-    let (vg, thin) = (vg.to_owned(), thin.to_owned());
+pub(super) async fn target(
+    vg: &str,
+    thin: &ThinPoolName,
+) -> Result<Option<crate::dm::ThinPoolTarget>> {
+    let (vg, thin) = (vg.to_owned(), thin.clone());
     Ok(crate::error::blocking(move || {
-        crate::dm::thin_pool_target(&vg, &thin)
+        crate::dm::thin_pool_target(&vg, thin.as_str())
             .map_err(|e| crate::error::IoError::new("reading the thin pool's status", e))
     })
     .await?)
@@ -45,7 +49,7 @@ pub(super) async fn target(vg: &str, thin: &str) -> Result<Option<crate::dm::Thi
 /// [`HeldMetadata::release`], or when dropped (see the module's text).
 pub(super) struct HeldMetadata {
     vg: String,
-    thin: String,
+    thin: ThinPoolName,
     /// The mapping of the pool's `thin-pool` target.
     mapping: String,
     /// The snapshot's block, as the pool's status named it once reserved.
@@ -60,8 +64,8 @@ impl HeldMetadata {
     /// Waits for the pool's lock, releases a stale metadata snapshot and
     /// reserves one. An inactive pool is activated first (its snapshots'
     /// maps are in its metadata whether they are active or not).
-    pub(super) async fn reserve(vg: &str, thin: &str) -> Result<Self> {
-        let lock = METADATA_LOCKS.of(vg, thin).lock_owned().await;
+    pub(super) async fn reserve(vg: &str, thin: &ThinPoolName) -> Result<Self> {
+        let lock = METADATA_LOCKS.of(vg, thin.as_str()).lock_owned().await;
         let t = match target(vg, thin).await? {
             Some(t) => t,
             None => {
@@ -86,7 +90,7 @@ impl HeldMetadata {
         lvm::reserve_metadata_snap(&t.mapping).await?;
         let mut held = HeldMetadata {
             vg: vg.to_owned(),
-            thin: thin.to_owned(),
+            thin: thin.clone(),
             mapping: t.mapping,
             root: None,
             tmeta,
@@ -183,15 +187,12 @@ impl Drop for HeldMetadata {
     }
 }
 
-/// Releases a metadata snapshot a killed driver left held on a thin
-/// pool, at its opening (an inactive pool holds none). A failure is
-/// logged: the next block-map call tries again.
-pub(super) async fn release_left_held(pool: &LvmPool) {
-    let Some(thin) = pool.thin.as_deref() else {
-        return;
-    };
-    let vg = pool.vg.as_str();
-    let _lock = METADATA_LOCKS.of(vg, thin).lock_owned().await;
+/// Releases a metadata snapshot a killed driver left held on the thin
+/// pool of `pool`, at its opening (an inactive pool holds none). A failure
+/// is logged: the next block-map call tries again.
+pub(super) async fn release_left_held(vg: &str, thin: &Thin, pool: &PoolName) {
+    let thin = &thin.pool;
+    let _lock = METADATA_LOCKS.of(vg, thin.as_str()).lock_owned().await;
     let res = async {
         if let Some(t) = target(vg, thin).await? {
             if let Some(root) = t.status.held_root {
@@ -206,7 +207,7 @@ pub(super) async fn release_left_held(pool: &LvmPool) {
         Ok::<_, PoolError>(())
     };
     if let Err(e) = res.await {
-        tracing::warn!(pool = %pool.name, error = %e, "a held metadata snapshot could not be released; the next block-map call tries again");
+        tracing::warn!(pool = %pool, error = %e, "a held metadata snapshot could not be released; the next block-map call tries again");
     }
 }
 
@@ -246,10 +247,11 @@ impl Extents for ThinExtents {
 }
 
 impl LvmPool {
-    /// The thin pool's name, or the refusal of a thick pool's block maps.
-    fn thin_name(&self) -> Result<&str> {
-        self.thin
-            .as_deref()
+    /// The thin pool, or the refusal of a thick pool's block maps (which
+    /// [`Pool::block_maps`] never hands out).
+    fn thin_only(&self) -> Result<&Thin> {
+        self.provisioning
+            .thin()
             .ok_or_else(|| PoolError::Inconsistent(format!("pool {} has no thin pool", self.name)))
     }
 
@@ -285,7 +287,7 @@ impl LvmPool {
 #[async_trait]
 impl BlockMaps for LvmPool {
     async fn mapped_snapshot(&self, id: &VolumeId) -> Result<MappedSnapshot> {
-        let thin = self.thin_name()?;
+        let thin = &self.thin_only()?.pool;
         let name = snap_lv_name(&id.key);
         let lv = lvm::lv(&self.vg, &name)
             .await?
@@ -293,7 +295,7 @@ impl BlockMaps for LvmPool {
         let snap = self
             .to_snapshot(&lv)
             .ok_or_else(|| PoolError::SnapshotNotFound(id.to_string()))?;
-        if !lv.is_thin_volume() || lv.pool_lv != thin {
+        if !lv.is_thin_volume() || lv.pool_lv != thin.as_str() {
             return Err(PoolError::Inconsistent(format!(
                 "snapshot LV {} is not a thin volume of {}/{thin}",
                 self.lv_path(&lv.name),
@@ -319,7 +321,7 @@ impl BlockMaps for LvmPool {
     }
 
     async fn allocated(&self, snap: &MappedSnapshot) -> Result<Box<dyn Extents>> {
-        let held = HeldMetadata::reserve(&self.vg, self.thin_name()?).await?;
+        let held = HeldMetadata::reserve(&self.vg, &self.thin_only()?.pool).await?;
         let tmeta = held.tmeta.clone();
         let read = BlockRuns::mapped(&tmeta, snap.device);
         self.start(read, held).await
@@ -330,7 +332,7 @@ impl BlockMaps for LvmPool {
         base: &MappedSnapshot,
         target: &MappedSnapshot,
     ) -> Result<Box<dyn Extents>> {
-        let held = HeldMetadata::reserve(&self.vg, self.thin_name()?).await?;
+        let held = HeldMetadata::reserve(&self.vg, &self.thin_only()?.pool).await?;
         let tmeta = held.tmeta.clone();
         let read = BlockRuns::changed(&tmeta, base.device, target.device);
         self.start(read, held).await

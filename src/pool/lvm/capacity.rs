@@ -1,6 +1,7 @@
 //! Capacity: what a volume may take from the VG or thin pool, in whole
 //! extents, and what GetCapacity offers.
 
+use super::provisioning::{Provisioning, Thin};
 use super::LvmPool;
 use crate::lvm;
 use crate::pool::CapacityRange;
@@ -88,10 +89,10 @@ impl LvmPool {
 
     /// [`LvmPool::limits`] with the VG's report already at hand.
     pub(super) async fn limits_in(&self, vg: &lvm::VgInfo) -> Result<(u64, u64)> {
-        match &self.thin {
-            None => self.limits_with(vg, &[]),
-            Some(_) => {
-                let offer = self.thin_offer(vg).await?;
+        match &self.provisioning {
+            Provisioning::Thick(thick) => Ok(thick.limits(vg, self.reserve)),
+            Provisioning::Thin(thin) => {
+                let offer = self.thin_offer(thin, vg).await?;
                 Ok((offer.ever, offer.by_promise))
             }
         }
@@ -99,47 +100,43 @@ impl LvmPool {
 
     /// [`LvmPool::limits`] from a report of the VG and all its LVs.
     pub(super) fn limits_with(&self, vg: &lvm::VgInfo, lvs: &[lvm::LvInfo]) -> Result<(u64, u64)> {
-        match &self.thin {
-            None => {
-                let ever = ((vg.size.saturating_sub(self.reserve)) as f64 / self.overhead) as u64;
-                let now = ((vg.free.saturating_sub(self.reserve)) as f64 / self.overhead) as u64;
-                Ok((
-                    round_down(ever, vg.extent_size),
-                    round_down(now, vg.extent_size),
-                ))
-            }
-            Some(_) => {
-                let offer = self.thin_offer_with(vg, lvs)?;
+        match &self.provisioning {
+            Provisioning::Thick(thick) => Ok(thick.limits(vg, self.reserve)),
+            Provisioning::Thin(thin) => {
+                let offer = self.thin_offer_with(thin, vg, lvs)?;
                 Ok((offer.ever, offer.by_promise))
             }
         }
     }
 
-    /// The thin pool's figures (thin pools only).
-    pub(super) async fn thin_offer(&self, vg: &lvm::VgInfo) -> Result<ThinOffer> {
-        self.thin_offer_with(vg, &lvm::lvs(&self.vg).await?)
+    /// The thin pool's figures.
+    pub(super) async fn thin_offer(&self, thin: &Thin, vg: &lvm::VgInfo) -> Result<ThinOffer> {
+        self.thin_offer_with(thin, vg, &lvm::lvs(&self.vg).await?)
     }
 
     /// [`LvmPool::thin_offer`] from `lvs` of the VG at hand.
     pub(super) fn thin_offer_with(
         &self,
+        thin: &Thin,
         vg: &lvm::VgInfo,
         lvs: &[lvm::LvInfo],
     ) -> Result<ThinOffer> {
-        let thin = self.thin.as_deref().unwrap_or_default();
+        let thin_pool = thin.pool.as_str();
         let pool = lvs
             .iter()
-            .find(|l| l.name == thin && l.is_thin_pool())
-            .ok_or_else(|| self.unavailable(format!("thin pool {}/{thin} is missing", self.vg)))?;
+            .find(|l| l.name == thin_pool && l.is_thin_pool())
+            .ok_or_else(|| {
+                self.unavailable(format!("thin pool {}/{thin_pool} is missing", self.vg))
+            })?;
         let promised: u64 = lvs
             .iter()
-            .filter(|l| l.is_thin_volume() && l.pool_lv == thin)
+            .filter(|l| l.is_thin_volume() && l.pool_lv == thin_pool)
             .map(|l| l.size)
             .sum();
         Ok(ThinOffer::new(
             pool.size,
             pool.data_percent,
-            self.ratio,
+            thin.ratio,
             self.reserve,
             promised,
             vg.extent_size,
@@ -153,9 +150,9 @@ impl LvmPool {
     /// its overprovision ratio.
     pub(super) async fn offered(&self) -> Result<u64> {
         let vg = lvm::vg(&self.vg).await?;
-        match &self.thin {
-            None => Ok(self.limits_in(&vg).await?.1),
-            Some(_) => Ok(self.thin_offer(&vg).await?.offered()),
+        match &self.provisioning {
+            Provisioning::Thick(_) => Ok(self.limits_in(&vg).await?.1),
+            Provisioning::Thin(thin) => Ok(self.thin_offer(thin, &vg).await?.offered()),
         }
     }
 

@@ -3,6 +3,7 @@
 
 use super::super::{CreateRequest, PoolError, Result, Volume};
 use super::locks::ThinPoolLocks;
+use super::provisioning::{Provisioning, Thin};
 use super::*;
 
 /// One lock per thin pool for its creates and their repairs
@@ -11,21 +12,24 @@ use super::*;
 static THIN_CREATES: ThinPoolLocks = ThinPoolLocks::new();
 
 impl LvmPool {
-    /// Runs an `lvcreate` (`args`) in this pool, repairing each state an
-    /// lvm killed mid-run (the driver's container killed with it) leaves
-    /// that fails every later create ([`LvmPool::repair_component`],
-    /// [`LvmPool::repair_orphan`]) and trying again, twice at most. In a
-    /// thin pool it runs under the pool's create lock ([`THIN_CREATES`]).
+    /// Runs an `lvcreate` (`args`) in this pool. In a thin pool it runs
+    /// under the pool's create lock ([`THIN_CREATES`]), repairing each state
+    /// an lvm killed mid-run (the driver's container killed with it) leaves
+    /// that fails every later create ([`Thin::repair_component`],
+    /// [`Thin::repair_orphan`]) and trying again, twice at most.
     pub(super) async fn lvcreate(&self, args: Vec<String>) -> std::result::Result<(), LvmError> {
-        let Some(thin) = &self.thin else {
+        let Provisioning::Thin(thin) = &self.provisioning else {
             return lvm::change(args).await;
         };
-        let lock = THIN_CREATES.of(&self.vg, thin);
+        let lock = THIN_CREATES.of(&self.vg, thin.pool.as_str());
         let _creates = lock.lock().await;
         let mut result = lvm::change(args.clone()).await;
         for _ in 0..2 {
             match &result {
-                Err(e) if self.repair_component(e).await? || self.repair_orphan(e).await? => {
+                Err(e)
+                    if thin.repair_component(&self.vg, e).await?
+                        || thin.repair_orphan(&self.vg, e).await? =>
+                {
                     result = lvm::change(args.clone()).await;
                 }
                 _ => break,
@@ -34,62 +38,16 @@ impl LvmPool {
         result
     }
 
-    /// A component of this thin pool active on its own, which `e` (an lvm
-    /// failure) names ([`lvm::active_component`]), deactivated; `true`: run
-    /// it again. lvm activates `<thin>_tmeta` and `<thin>_tdata` before the
-    /// pool; killed between (the driver's container killed with it), it
-    /// leaves them active and the pool not, and then refuses to activate the
-    /// pool. While the pool is not active, nothing else uses them.
+    /// [`Thin::repair_component`] in a thin pool; a thick pool has no
+    /// components to repair (`false`).
     pub(super) async fn repair_component(
         &self,
         e: &LvmError,
     ) -> std::result::Result<bool, LvmError> {
-        let (Some(thin), Some(component)) = (&self.thin, lvm::active_component(e)) else {
-            return Ok(false);
-        };
-        let ours = [format!("{thin}_tmeta"), format!("{thin}_tdata")];
-        if component.vg != self.vg || !ours.contains(&component.lv) {
-            return Ok(false);
+        match &self.provisioning {
+            Provisioning::Thin(thin) => thin.repair_component(&self.vg, e).await,
+            Provisioning::Thick(_) => Ok(false),
         }
-        tracing::warn!(vg = %self.vg, thin, component = %component.lv,
-            "deactivating a thin pool's component left active on its own (an lvm killed \
-             mid-activation left it), then trying again");
-        for lv in ours {
-            lvm::deactivate(&format!("{}/{lv}", self.vg)).await?;
-        }
-        Ok(true)
-    }
-
-    /// A thin device no LV has, which `e` (an lvm failure) names
-    /// ([`lvm::orphan_thin_device`]), deleted; `true`: run it again. lvm
-    /// sends the kernel `create_snap N O` before it commits the VG's
-    /// metadata; killed between, it leaves device N, on which every later
-    /// snapshot fails. It is deleted only when no LV of the VG has its id
-    /// (nothing can be lost: no LV maps it). The caller holds the pool's
-    /// create lock ([`LvmPool::lvcreate`]), so no create of this driver can
-    /// make a device of that id meanwhile, and none of anyone's can while it
-    /// is there.
-    async fn repair_orphan(&self, e: &LvmError) -> std::result::Result<bool, LvmError> {
-        let Some(thin) = &self.thin else {
-            return Ok(false);
-        };
-        let Some(id) = lvm::orphan_thin_device(e) else {
-            return Ok(false);
-        };
-        let lvs = lvm::lvs(&self.vg).await?;
-        if let Some(lv) = lvs.iter().find(|l| l.thin_id == Some(id)) {
-            tracing::error!(vg = %self.vg, thin, device_id = id, lv = %lv.name,
-                "lvcreate met a thin device id that an LV has: not touched");
-            return Ok(false);
-        }
-        // Not readable, or not active: nothing to repair here.
-        let Some(target) = super::blockmap::target(&self.vg, thin).await.ok().flatten() else {
-            return Ok(false);
-        };
-        tracing::warn!(vg = %self.vg, thin, device_id = id,
-            "deleting a thin device no LV has (an lvcreate killed mid-run left it), then creating again");
-        lvm::delete_thin_device(&target.mapping, id).await?;
-        Ok(true)
     }
 
     /// The size of a new volume, its room checked where the pool checks
@@ -113,10 +71,10 @@ impl LvmPool {
         // its device-mapper status, the promises from the index (see
         // `index.rs`); an LV of that name already promised (a retry the
         // index missed) takes the `lvs` path.
-        let checked = self.thin.is_some() || self.reserve > 0 || self.overhead != 1.0;
-        let quick = match checked {
-            true => self.thin_room_without_lvs(name).await,
-            false => None,
+        let checked = self.provisioning.checks_room_first(self.reserve);
+        let quick = match &self.provisioning {
+            Provisioning::Thin(thin) => self.thin_room_without_lvs(thin, name).await,
+            Provisioning::Thick(_) => None,
         };
         let size = if let Some((ever, now)) = quick {
             let size = size_in_extents(req.range, self.default_size, self.cached_extent())?;
@@ -186,7 +144,7 @@ impl LvmPool {
     /// `creating` tag removed) and in the index.
     pub(super) async fn created(&self, req: &CreateRequest, size: u64) -> Result<Volume> {
         let name = lv_name(&req.id.key);
-        let mut lv = if self.options.is_empty() {
+        let mut lv = if !self.provisioning.shapes_otherwise() {
             // Exactly what this lvcreate made (lvcreateOptions such as
             // stripes may round the size: those are read back).
             self.just_created(req, size)
@@ -232,19 +190,15 @@ impl LvmPool {
     /// (the size is whole extents already), so it is not read back.
     pub(super) fn just_created(&self, req: &CreateRequest, size: u64) -> LvInfo {
         let name = lv_name(&req.id.key);
+        let (attr, pool_lv) = self.provisioning.created_shape();
         LvInfo {
             path: format!("/dev/{}/{name}", self.vg),
             name,
             vg: self.vg.clone(),
             size,
             tags: self.create_tags(req),
-            // lv_attr: a thin or linear volume, writeable, inherited
-            // allocation, active; thin volumes zero what they provision.
-            attr: match self.thin {
-                Some(_) => "Vwi-a-tz--".to_owned(),
-                None => "-wi-a-----".to_owned(),
-            },
-            pool_lv: self.thin.clone().unwrap_or_default(),
+            attr: attr.to_owned(),
+            pool_lv,
             origin: String::new(),
             data_percent: None,
             metadata_percent: None,
@@ -255,5 +209,65 @@ impl LvmPool {
             // Not known until lvs reports it; nothing reads it from here.
             thin_id: None,
         }
+    }
+}
+
+impl Thin {
+    /// A component of this thin pool active on its own, which `e` (an lvm
+    /// failure) names ([`lvm::active_component`]), deactivated; `true`: run
+    /// it again. lvm activates `<thin>_tmeta` and `<thin>_tdata` before the
+    /// pool; killed between (the driver's container killed with it), it
+    /// leaves them active and the pool not, and then refuses to activate the
+    /// pool. While the pool is not active, nothing else uses them.
+    pub(super) async fn repair_component(
+        &self,
+        vg: &str,
+        e: &LvmError,
+    ) -> std::result::Result<bool, LvmError> {
+        let Some(component) = lvm::active_component(e) else {
+            return Ok(false);
+        };
+        let thin = self.pool.as_str();
+        let ours = [format!("{thin}_tmeta"), format!("{thin}_tdata")];
+        if component.vg != vg || !ours.contains(&component.lv) {
+            return Ok(false);
+        }
+        tracing::warn!(vg = %vg, thin, component = %component.lv,
+            "deactivating a thin pool's component left active on its own (an lvm killed \
+             mid-activation left it), then trying again");
+        for lv in ours {
+            lvm::deactivate(&format!("{vg}/{lv}")).await?;
+        }
+        Ok(true)
+    }
+
+    /// A thin device no LV has, which `e` (an lvm failure) names
+    /// ([`lvm::orphan_thin_device`]), deleted; `true`: run it again. lvm
+    /// sends the kernel `create_snap N O` before it commits the VG's
+    /// metadata; killed between, it leaves device N, on which every later
+    /// snapshot fails. It is deleted only when no LV of the VG has its id
+    /// (nothing can be lost: no LV maps it). The caller holds the pool's
+    /// create lock ([`LvmPool::lvcreate`]), so no create of this driver can
+    /// make a device of that id meanwhile, and none of anyone's can while it
+    /// is there.
+    async fn repair_orphan(&self, vg: &str, e: &LvmError) -> std::result::Result<bool, LvmError> {
+        let Some(id) = lvm::orphan_thin_device(e) else {
+            return Ok(false);
+        };
+        let thin = self.pool.as_str();
+        let lvs = lvm::lvs(vg).await?;
+        if let Some(lv) = lvs.iter().find(|l| l.thin_id == Some(id)) {
+            tracing::error!(vg = %vg, thin, device_id = id, lv = %lv.name,
+                "lvcreate met a thin device id that an LV has: not touched");
+            return Ok(false);
+        }
+        // Not readable, or not active: nothing to repair here.
+        let Some(target) = super::blockmap::target(vg, &self.pool).await.ok().flatten() else {
+            return Ok(false);
+        };
+        tracing::warn!(vg = %vg, thin, device_id = id,
+            "deleting a thin device no LV has (an lvcreate killed mid-run left it), then creating again");
+        lvm::delete_thin_device(&target.mapping, id).await?;
+        Ok(true)
     }
 }

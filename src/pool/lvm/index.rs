@@ -28,6 +28,7 @@
 use std::collections::HashMap;
 use std::sync::Mutex;
 
+use super::provisioning::ThinPoolName;
 use crate::lvm::LvInfo;
 
 #[derive(Default)]
@@ -55,10 +56,10 @@ fn indexed(name: &str) -> bool {
 
 impl LvIndex {
     /// The index of a pool, thin when `thin` names its thin pool.
-    pub fn new(thin: Option<&str>) -> Self {
+    pub fn new(thin: Option<&ThinPoolName>) -> Self {
         LvIndex {
             inner: Mutex::default(),
-            thin: thin.map(str::to_owned),
+            thin: thin.map(|t| t.as_str().to_owned()),
         }
     }
 

@@ -10,6 +10,8 @@
 //! instead of making a second one.
 //!
 //! - this file: the pool and its [`Pool`] implementation;
+//! - `provisioning`: thick and thin, the pool's two strategies
+//!   ([`Provisioning`]), each with the rules that hold for it alone;
 //! - `create`: a new, empty volume's size, room and `lvcreate`;
 //! - `delete`: what a delete refuses (in use, snapshots depend on it);
 //! - `node`: its [`super::NodeSide`] (source, activation, usage, condition
@@ -41,7 +43,7 @@ use super::{
     IoLimits, Pool, PoolError, Result, SlowChecks, Snapshots, ThinUsage, Volume, Wipes,
 };
 use crate::blockdev::FsType;
-use crate::config::{LvmPoolConfig, DEFAULT_THIN_FULL_PERCENT, DEFAULT_VOLUME_SIZE};
+use crate::config::{LvmPoolConfig, DEFAULT_VOLUME_SIZE};
 use crate::crypt;
 use crate::ids::{PoolName, StorageId, VolumeId, VolumeKey};
 use crate::lvm::{self, LvInfo, LvmError, NewLv};
@@ -55,6 +57,7 @@ mod health;
 mod index;
 mod locks;
 mod node;
+mod provisioning;
 mod restore;
 mod snapshots;
 mod tags;
@@ -64,6 +67,7 @@ use capacity::*;
 use create::Sizing;
 use health::{Checked, HealthCache, DEGRADED_AFTER, HEALTH_TTL};
 use index::LvIndex;
+use provisioning::{Provisioning, Thick, Thin, ThinPoolName};
 use restore::*;
 use tags::*;
 use wipe::{wipe_lv_name, Wiper};
@@ -71,16 +75,11 @@ use wipe::{wipe_lv_name, Wiper};
 pub struct LvmPool {
     name: PoolName,
     vg: String,
-    thin: Option<String>,
-    ratio: f64,
+    /// Thick or thin, and what is that strategy's alone.
+    provisioning: Provisioning,
     reserve: u64,
-    options: Vec<String>,
-    overhead: f64,
     default_fs: FsType,
     default_size: u64,
-    /// Thin pools: Data% or Metadata% at or above this makes every volume's
-    /// condition abnormal (config `thinFullPercent`).
-    full_percent: f64,
     /// Block copies of thick restores and clones in flight, by target LV. They
     /// run in tasks of their own: a CreateVolume cancelled by its caller's
     /// timeout does not kill the copy, and the retried call joins it.
@@ -91,10 +90,6 @@ pub struct LvmPool {
     alloc: tokio::sync::Mutex<()>,
     /// The last health answer (see `health.rs`).
     health: HealthCache,
-    /// Thick pools: zeroes deleted LVs before they go (see `wipe.rs`).
-    /// Thin pools need none: the thin pool zeroes every block it
-    /// provisions (checked in `health.rs`).
-    wiper: Option<Wiper>,
     /// `lvm:<VG UUID>`, read once the VG was found at open.
     storage: Option<StorageId>,
     /// The pool's volumes as lvm last reported them (see `index.rs`).
@@ -107,8 +102,8 @@ pub struct LvmPool {
 impl LvmPool {
     pub async fn open(cfg: LvmPoolConfig) -> Result<Self> {
         let cfg_rate = cfg.wipe_rate_limit;
-        let thin = cfg.thin_pool_name().map(str::to_owned);
-        let index = LvIndex::new(thin.as_deref());
+        let provisioning = Provisioning::of(&cfg);
+        let index = LvIndex::new(provisioning.thin_pool());
         let mut pool = LvmPool {
             default_fs: FsType::parse(&cfg.default_fs_type).map_err(|e| {
                 PoolError::Misconfigured {
@@ -118,22 +113,17 @@ impl LvmPool {
             })?,
             name: cfg.name,
             vg: cfg.volume_group,
-            thin,
-            ratio: cfg.overprovision_ratio.unwrap_or(1.0),
+            provisioning,
             reserve: cfg.reserve.0,
-            options: cfg.lvcreate_options,
-            overhead: cfg.capacity_overhead.unwrap_or(1.0),
             default_size: cfg.default_size.map_or(DEFAULT_VOLUME_SIZE, |d| d.0),
-            full_percent: cfg.thin_full_percent.unwrap_or(DEFAULT_THIN_FULL_PERCENT),
             alloc: tokio::sync::Mutex::new(()),
             copies: Arc::default(),
             health: HealthCache::default(),
-            wiper: None,
             storage: None,
             index,
             extent: std::sync::atomic::AtomicU64::new(0),
         };
-        match Self::check(pool.vg.clone(), pool.thin.clone()).await {
+        match Self::check(pool.vg.clone(), pool.provisioning.thin_pool().cloned()).await {
             Checked::Known(Health::Ready) => {}
             Checked::Known(Health::Unusable(why)) => {
                 return Err(PoolError::Misconfigured {
@@ -166,12 +156,17 @@ impl LvmPool {
                 why: format!("volume group {}: {e}", pool.vg),
             }
         })?);
-        if pool.thin.is_none() {
-            let rate = cfg_rate.map(|r| r.0);
-            pool.wiper = Some(Wiper::start(&pool.vg, &pool.name, rate));
+        match &mut pool.provisioning {
+            Provisioning::Thick(thick) => {
+                let rate = cfg_rate.map(|r| r.0);
+                thick.wiper = Some(Wiper::start(&pool.vg, &pool.name, rate));
+            }
+            Provisioning::Thin(thin) => {
+                blockmap::release_left_held(&pool.vg, thin, &pool.name).await
+            }
         }
-        blockmap::release_left_held(&pool).await;
-        tracing::info!(pool = %pool.name, vg = pool.vg, thin = ?pool.thin, "lvm pool opened");
+        let thin = pool.provisioning.thin_pool().map(ThinPoolName::as_str);
+        tracing::info!(pool = %pool.name, vg = pool.vg, thin = ?thin, "lvm pool opened");
         Ok(pool)
     }
 
@@ -185,10 +180,10 @@ impl LvmPool {
     /// Asks lvm now (no cache): the VG, and the thin pool if there is one.
     /// It owns what it needs, so that it can run in a task of its own (the
     /// health cache's refresh, which no caller may cancel).
-    async fn check(vg_name: String, thin: Option<String>) -> Checked {
+    async fn check(vg_name: String, thin: Option<ThinPoolName>) -> Checked {
         let vg = lvm::vg(&vg_name).await;
         let thin = match (&thin, &vg) {
-            (Some(thin), Ok(_)) => Some((thin.as_str(), lvm::lv(&vg_name, thin).await)),
+            (Some(thin), Ok(_)) => Some((thin.as_str(), lvm::lv(&vg_name, thin.as_str()).await)),
             (Some(thin), Err(_)) => Some((thin.as_str(), Ok(None))),
             (None, _) => None,
         };
@@ -274,30 +269,42 @@ impl LvmPool {
             "lv_tags={{{TAG_OWNER}}} && lv_tags={{{TAG_POOL}={}}}",
             self.name
         );
-        if let Some(wiper) = &self.wiper {
-            // `lv_device_open` is "unknown" for an inactive LV, which then
-            // takes the checked path (it is activated there for the wipe).
-            let select = format!("{select} && lv_device_open=0 && !(lv_role={{origin}})");
-            self.index.forget(&name);
-            let tagged =
-                match lvm::add_tag_selected(&self.lv_path(&name), &select, TAG_DELETED).await {
-                    Ok(tagged) => tagged,
-                    Err(e) if lvm::refused_as_held(&e) => false,
-                    Err(e) => return Err(e.into()),
-                };
-            if tagged {
-                tracing::info!(
-                    lv = self.lv_path(&name),
-                    "deleted; its blocks are zeroed before they return to the volume group"
-                );
-                wiper.wake();
-            }
-            return Ok(tagged);
+        match &self.provisioning {
+            Provisioning::Thick(thick) => self.tag_deleted(thick, &name, &select).await,
+            Provisioning::Thin(_) => self.remove_selected(&name, &select).await,
         }
-        self.index.leaving(&name);
-        let res = lvm::remove_selected(&self.lv_path(&name), &select).await;
+    }
+
+    /// [`LvmPool::remove_if_ours`] of a thick pool: the `lvchange` that tags
+    /// the LV deleted for the wiper, selecting only one no COW snapshot
+    /// depends on.
+    async fn tag_deleted(&self, thick: &Thick, name: &str, select: &str) -> Result<bool> {
+        // `lv_device_open` is "unknown" for an inactive LV, which then
+        // takes the checked path (it is activated there for the wipe).
+        let select = format!("{select} && lv_device_open=0 && !(lv_role={{origin}})");
+        self.index.forget(name);
+        let tagged = match lvm::add_tag_selected(&self.lv_path(name), &select, TAG_DELETED).await {
+            Ok(tagged) => tagged,
+            Err(e) if lvm::refused_as_held(&e) => false,
+            Err(e) => return Err(e.into()),
+        };
+        if tagged {
+            tracing::info!(
+                lv = self.lv_path(name),
+                "deleted; its blocks are zeroed before they return to the volume group"
+            );
+            thick.wake_wiper();
+        }
+        Ok(tagged)
+    }
+
+    /// [`LvmPool::remove_if_ours`] of a thin pool: `lvremove` of the
+    /// selected LV.
+    async fn remove_selected(&self, name: &str, select: &str) -> Result<bool> {
+        self.index.leaving(name);
+        let res = lvm::remove_selected(&self.lv_path(name), select).await;
         match &res {
-            Ok(true) => self.index.removed(&name),
+            Ok(true) => self.index.removed(name),
             _ => self.index.unknown_promises(),
         }
         match res {
@@ -328,7 +335,7 @@ impl LvmPool {
     async fn retire(&self, lv: &LvInfo) -> Result<()> {
         // Forgotten first: a failed removal leaves the LV to the next lookup.
         self.index.forget(&lv.name);
-        let Some(wiper) = &self.wiper else {
+        let Provisioning::Thick(thick) = &self.provisioning else {
             return Ok(lvm::remove(&self.lv_path(&lv.name)).await?);
         };
         let to = wipe_lv_name(&lv.name);
@@ -338,7 +345,7 @@ impl LvmPool {
             wiping_as = to,
             "deleted; its blocks are zeroed before they return to the volume group"
         );
-        wiper.wake();
+        thick.wake_wiper();
         Ok(())
     }
 
@@ -396,15 +403,13 @@ impl LvmPool {
 
     /// A thin pool's (largest volume ever, largest creatable now) without
     /// running lvm: its data size and Data% from the `thin-pool` target, the
-    /// sizes promised from the index. None (ask `lvs`): a thick pool, the
-    /// promises not known, `name` among them already, or the pool's target
-    /// not active.
-    async fn thin_room_without_lvs(&self, name: &str) -> Option<(u64, u64)> {
-        let thin = self.thin.clone()?;
+    /// sizes promised from the index. None (ask `lvs`): the promises not
+    /// known, `name` among them already, or the pool's target not active.
+    async fn thin_room_without_lvs(&self, thin: &Thin, name: &str) -> Option<(u64, u64)> {
         let promised = self.index.promised_without(name)?;
-        let vg = self.vg.clone();
+        let (vg, pool) = (self.vg.clone(), thin.pool.clone());
         let (size, st) = crate::error::blocking(move || {
-            crate::dm::thin_pool(&vg, &thin)
+            crate::dm::thin_pool(&vg, pool.as_str())
                 .map_err(|e| crate::error::IoError::new("reading the thin pool's status", e))
         })
         .await
@@ -415,7 +420,7 @@ impl LvmPool {
         let offer = ThinOffer::new(
             size,
             Some(st.data_percent),
-            self.ratio,
+            thin.ratio,
             self.reserve,
             promised,
             self.cached_extent(),
@@ -488,10 +493,10 @@ impl LvmPool {
     async fn finish_create(&self, lv: &LvInfo, wipe: bool) -> Result<()> {
         let path = self.lv_path(&lv.name);
         self.make_usable(lv).await?;
-        if wipe && self.thin.is_none() {
-            let dev = std::path::PathBuf::from(format!("/dev/{path}"));
-            crate::blockdev::raw::erase_signatures(&dev).await?;
-            crate::blockdev::raw::zero_start(&dev).await?;
+        if let (true, Provisioning::Thick(thick)) = (wipe, &self.provisioning) {
+            thick
+                .wipe_new(&PathBuf::from(format!("/dev/{path}")))
+                .await?;
         }
         if lv.has_tag(TAG_CREATING) {
             lvm::delete_tag(&path, TAG_CREATING).await?;
@@ -521,11 +526,7 @@ impl Pool for LvmPool {
     }
 
     fn backend(&self) -> Backend {
-        if self.thin.is_some() {
-            Backend::LvmThin
-        } else {
-            Backend::Lvm
-        }
+        self.provisioning.backend()
     }
 
     fn supports(&self, _access: AccessType) -> bool {
@@ -568,7 +569,7 @@ impl Pool for LvmPool {
     }
 
     async fn health(&self) -> Health {
-        let (vg, thin) = (self.vg.clone(), self.thin.clone());
+        let (vg, thin) = (self.vg.clone(), self.provisioning.thin_pool().cloned());
         self.health
             .get(HEALTH_TTL, move || Self::check(vg, thin))
             .await
@@ -622,28 +623,28 @@ impl Pool for LvmPool {
         }
         // Thick pools must look for COW snapshots of the volume, so one
         // `lvs VG` serves both the lookup and that check; thin snapshots do
-        // not depend on their origin, so thin pools look up the LV alone.
-        let all = match self.thin {
-            None => Some(self.all_lvs().await?),
-            Some(_) => None,
-        };
+        // not depend on their origin, so thin pools look up the LV alone
+        // (and have no other LVs to check: `all` stays empty).
         let name = lv_name(&id.key);
-        let found = match &all {
-            Some(all) => all.iter().find(|l| l.name == name).cloned(),
-            None => self.lookup(&id.key).await?,
+        let (found, all) = match &self.provisioning {
+            Provisioning::Thick(_) => {
+                let all = self.all_lvs().await?;
+                (all.iter().find(|l| l.name == name).cloned(), all)
+            }
+            Provisioning::Thin(_) => (self.lookup(&id.key).await?, Vec::new()),
         };
         let found = found.filter(|lv| !self.is_deleted(lv));
         let Some(lv) = found else {
             // Deleted already. A thick delete whose tag or rename committed
             // while its caller saw an error (a killed `lvchange` or
             // `lvrename`) left an LV no wake announced: wake the wiper for it.
-            if let (Some(wiper), Some(all)) = (&self.wiper, &all) {
+            if let Provisioning::Thick(thick) = &self.provisioning {
                 let prefix = format!("wp-{}-", id.key);
                 if all
                     .iter()
                     .any(|l| l.name.starts_with(&prefix) || l.name == name)
                 {
-                    wiper.wake();
+                    thick.wake_wiper();
                 }
             }
             return Ok(());
@@ -655,8 +656,7 @@ impl Pool for LvmPool {
             });
         }
         let lv = self.refuse_if_in_use(id, lv).await?;
-        self.refuse_if_snapshotted(id, &lv, all.as_deref().unwrap_or_default())
-            .await?;
+        self.refuse_if_snapshotted(id, &lv, &all).await?;
         self.retire(&lv).await
     }
 
@@ -730,9 +730,12 @@ impl Pool for LvmPool {
     }
 
     async fn wipes(&self) -> Result<Option<Wipes>> {
-        match &self.wiper {
-            None => Ok(None),
-            Some(w) => Ok(Some(w.wipes(&lvm::lvs(&self.vg).await?))),
+        match &self.provisioning {
+            Provisioning::Thick(Thick { wiper: Some(w), .. }) => {
+                Ok(Some(w.wipes(&lvm::lvs(&self.vg).await?)))
+            }
+            // A thin pool zeroes as it provisions: nothing to wipe.
+            _ => Ok(None),
         }
     }
 
@@ -743,17 +746,17 @@ impl Pool for LvmPool {
     /// Thin pools only: a thick snapshot (dm-snapshot's copy-on-write
     /// store) keeps no map of which blocks its origin holds.
     fn block_maps(&self) -> Option<&dyn BlockMaps> {
-        self.thin.is_some().then_some(self as &dyn BlockMaps)
+        match self.provisioning {
+            Provisioning::Thin(_) => Some(self as &dyn BlockMaps),
+            Provisioning::Thick(_) => None,
+        }
     }
 
     async fn thin_usage(&self) -> Result<Option<ThinUsage>> {
-        let Some(thin) = &self.thin else {
-            return Ok(None);
-        };
-        Ok(lvm::lv(&self.vg, thin).await?.map(|pool| ThinUsage {
-            data_percent: pool.data_percent.unwrap_or(0.0),
-            metadata_percent: pool.metadata_percent.unwrap_or(0.0),
-        }))
+        match &self.provisioning {
+            Provisioning::Thin(thin) => thin.usage(&self.vg).await,
+            Provisioning::Thick(_) => Ok(None),
+        }
     }
 }
 

@@ -8,6 +8,7 @@ use std::path::PathBuf;
 use async_trait::async_trait;
 
 use super::super::{Encrypted, NodeSide, Result, Source, Usage, Volume};
+use super::provisioning::{Provisioning, Thin};
 use super::*;
 use crate::blockdev::FsType;
 use crate::ids::VolumeId;
@@ -72,21 +73,16 @@ impl NodeSide for LvmPool {
     }
 
     fn source(&self, vol: &Volume) -> Result<Source> {
-        let key = vol
-            .id
-            .rsplit_once('.')
-            .and_then(|(_, k)| VolumeKey::parse(k))
-            .ok_or_else(|| PoolError::Inconsistent(format!("malformed volume id {:?}", vol.id)))?;
         if vol.encryption.is_some() {
             // What is mounted, bound and grown is the opened mapping.
             return Ok(Source::Device(crypt::mapping_path(&crypt::mapping_name(
-                &vol.id,
+                &vol.id.to_string(),
             ))));
         }
         Ok(Source::Device(PathBuf::from(format!(
             "/dev/{}/{}",
             self.vg,
-            lv_name(&key)
+            lv_name(&vol.id.key)
         ))))
     }
 
@@ -115,29 +111,27 @@ impl NodeSide for LvmPool {
         if vol.encryption.is_none() {
             return Ok(None);
         }
-        let key = volume_key(vol)?;
         Ok(Some(Encrypted {
-            backing: PathBuf::from(format!("/dev/{}", self.lv_path(&lv_name(&key)))),
-            mapping: crypt::mapping_name(&vol.id),
+            backing: PathBuf::from(format!("/dev/{}", self.lv_path(&lv_name(&vol.id.key)))),
+            mapping: crypt::mapping_name(&vol.id.to_string()),
         }))
     }
 
     async fn activate(&self, vol: &Volume) -> Result<()> {
-        let key = volume_key(vol)?;
-        self.activate_lv(&lv_name(&key)).await?;
+        self.activate_lv(&lv_name(&vol.id.key)).await?;
         tracing::info!(volume = %vol.id, "activated the volume's LV");
         Ok(())
     }
 
     async fn filesystem_grown(&self, vol: &Volume) -> Result<()> {
-        let key = volume_key(vol)?;
-        lvm::delete_tag(&self.lv_path(&lv_name(&key)), TAG_GROW).await?;
-        self.index.forget(&lv_name(&key));
+        let name = lv_name(&vol.id.key);
+        lvm::delete_tag(&self.lv_path(&name), TAG_GROW).await?;
+        self.index.forget(&name);
         Ok(())
     }
 
     async fn filesystem_made(&self, vol: &Volume) -> Result<()> {
-        let name = lv_name(&volume_key(vol)?);
+        let name = lv_name(&vol.id.key);
         let done = lvm::delete_tag(&self.lv_path(&name), TAG_UNFORMATTED).await;
         // NodeStage erases a volume the index says is `unformatted`, so the
         // entry must never keep a tag lvm no longer has: mirror the change,
@@ -154,54 +148,45 @@ impl NodeSide for LvmPool {
     }
 
     async fn condition(&self, vol: &Volume) -> Result<Option<String>> {
-        let Some((_, key)) = vol.id.rsplit_once('.') else {
-            return Ok(None);
-        };
-        let Some(key) = VolumeKey::parse(key) else {
-            return Ok(None);
-        };
+        let key = &vol.id.key;
         // The condition is the LV's state now, never the index's: first as
         // device-mapper has it (no process: kubelet asks about every volume
         // every minute); lvs only when that cannot tell (no mapping).
-        let (vg, name, thin) = (self.vg.clone(), lv_name(&key), self.thin.clone());
-        let full = self.full_percent;
+        let (vg, name) = (self.vg.clone(), lv_name(key));
+        let thin = self.provisioning.thin().cloned();
         let from_dm = crate::error::blocking(move || {
-            Ok::<_, crate::error::IoError>(dm_condition(&vg, &name, thin.as_deref(), full))
+            Ok::<_, crate::error::IoError>(dm_condition(&vg, &name, thin.as_ref()))
         })
         .await;
         if let Ok(Some(answer)) = from_dm {
             return Ok(answer);
         }
-        let Some(lv) = self.lookup(&key).await? else {
-            return Ok(Some(format!("LV {}/{} is missing", self.vg, lv_name(&key))));
+        let Some(lv) = self.lookup(key).await? else {
+            return Ok(Some(format!("LV {}/{} is missing", self.vg, lv_name(key))));
         };
         if !lv.is_active() {
             return Ok(Some(format!("LV {}/{} is not active", self.vg, lv.name)));
         }
-        if let Some(thin) = &self.thin {
-            if let Some(pool) = lvm::lv(&self.vg, thin).await? {
-                if pool.data_percent.unwrap_or(0.0) >= self.full_percent
-                    || pool.metadata_percent.unwrap_or(0.0) >= self.full_percent
-                {
-                    return Ok(Some(format!(
-                        "thin pool {}/{thin} is nearly full (data {:.1}%, metadata {:.1}%; threshold {}%)",
-                        self.vg,
-                        pool.data_percent.unwrap_or(0.0),
-                        pool.metadata_percent.unwrap_or(0.0),
-                        self.full_percent
-                    )));
-                }
+        match &self.provisioning {
+            Provisioning::Thin(thin) => {
+                Ok(lvm::lv(&self.vg, thin.pool.as_str())
+                    .await?
+                    .and_then(|pool| {
+                        let data = pool.data_percent.unwrap_or(0.0);
+                        thin.nearly_full(&self.vg, data, pool.metadata_percent.unwrap_or(0.0))
+                    }))
             }
+            Provisioning::Thick(_) => Ok(None),
         }
-        Ok(None)
     }
 }
 
 /// A volume's condition from device-mapper alone: `Some(None)` healthy (its
-/// mapping is there, and a thin volume's pool serves below `full` percent),
+/// mapping is there, and a thin volume's pool serves below its
+/// `thinFullPercent`),
 /// `Some(Some(why))` abnormal, `None` when it cannot tell (no mapping, or not
 /// one lvm made: the LV is inactive or gone, which lvs tells apart).
-fn dm_condition(vg: &str, lv: &str, thin: Option<&str>, full: f64) -> Option<Option<String>> {
+fn dm_condition(vg: &str, lv: &str, thin: Option<&Thin>) -> Option<Option<String>> {
     let st = crate::dm::status(&crate::dm::lv_name(vg, lv)).ok()??;
     if !st.is_lvm() {
         return None;
@@ -209,26 +194,44 @@ fn dm_condition(vg: &str, lv: &str, thin: Option<&str>, full: f64) -> Option<Opt
     if st.targets.iter().any(|t| t.status == "Fail") {
         return Some(Some(format!("LV {vg}/{lv} has failed (device-mapper)")));
     }
-    let Some(thin) = thin else {
-        return Some(None);
-    };
-    let (_, pool) = crate::dm::thin_pool(vg, thin).ok()??;
-    if pool.data_percent >= full || pool.metadata_percent >= full {
-        return Some(Some(format!(
-            "thin pool {vg}/{thin} is nearly full (data {:.1}%, metadata {:.1}%; threshold {full}%)",
-            pool.data_percent, pool.metadata_percent
-        )));
+    match thin {
+        Some(thin) => thin.dm_condition(vg),
+        None => Some(None),
     }
-    if !pool.serving() {
-        return Some(Some(format!(
-            "thin pool {vg}/{thin} is {}{} (device-mapper)",
-            pool.mode,
-            if pool.needs_check {
-                ", needs_check"
-            } else {
-                ""
-            }
-        )));
+}
+
+impl Thin {
+    /// The thin pool's part of a thin volume's condition, from its
+    /// device-mapper status (as [`dm_condition`] answers).
+    fn dm_condition(&self, vg: &str) -> Option<Option<String>> {
+        let thin = &self.pool;
+        let (_, pool) = crate::dm::thin_pool(vg, thin.as_str()).ok()??;
+        if let Some(why) = self.nearly_full(vg, pool.data_percent, pool.metadata_percent) {
+            return Some(Some(why));
+        }
+        if !pool.serving() {
+            return Some(Some(format!(
+                "thin pool {vg}/{thin} is {}{} (device-mapper)",
+                pool.mode,
+                if pool.needs_check {
+                    ", needs_check"
+                } else {
+                    ""
+                }
+            )));
+        }
+        Some(None)
     }
-    Some(None)
+
+    /// Why every volume of the thin pool is abnormal when its Data% or
+    /// Metadata% is at or over `thinFullPercent`.
+    fn nearly_full(&self, vg: &str, data: f64, meta: f64) -> Option<String> {
+        let full = self.full_percent;
+        (data >= full || meta >= full).then(|| {
+            format!(
+                "thin pool {vg}/{} is nearly full (data {data:.1}%, metadata {meta:.1}%; threshold {full}%)",
+                self.pool
+            )
+        })
+    }
 }

@@ -5,6 +5,7 @@
 use async_trait::async_trait;
 
 use super::super::{Result, Snapshot, SnapshotRequest, Snapshots};
+use super::provisioning::Provisioning;
 use super::*;
 use crate::ids::VolumeId;
 
@@ -58,7 +59,7 @@ impl Snapshots for LvmPool {
         tags.push(format!("{TAG_SIZE}={}", src.size));
         let _alloc = self.alloc.lock().await;
         let mut cow_size = None;
-        if self.thin.is_none() {
+        if let Provisioning::Thick(_) = self.provisioning {
             // A COW snapshot needs space for the changes made to its origin.
             let cow = req.cow_size.unwrap_or(src.size);
             let (ever, now) = self.limits().await?;

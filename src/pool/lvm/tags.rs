@@ -3,8 +3,9 @@
 //! are this pool's volumes or snapshots, which are unfinished, and which a
 //! retried create may take as its own.
 
+use super::provisioning::Provisioning;
 use super::LvmPool;
-use crate::ids::{VolumeId, VolumeKey};
+use crate::ids::{VolumeId, VolumeKey, VolumeName};
 use crate::lvm::{self, LvInfo};
 use crate::pool::{AccessType, CreateRequest, Encryption, Snapshot, Volume};
 use crate::pool::{PoolError, Result};
@@ -92,13 +93,6 @@ pub(super) fn snap_lv_name(key: &VolumeKey) -> String {
     format!("sn-{key}")
 }
 
-pub(super) fn volume_key(vol: &Volume) -> Result<VolumeKey> {
-    vol.id
-        .rsplit_once('.')
-        .and_then(|(_, k)| VolumeKey::parse(k))
-        .ok_or_else(|| PoolError::Inconsistent(format!("malformed volume id {:?}", vol.id)))
-}
-
 /// A volume whose create has not completed (see [`TAG_CREATING`],
 /// [`TAG_RESTORING`]).
 pub(super) fn is_unfinished(lv: &LvInfo) -> bool {
@@ -124,7 +118,9 @@ impl LvmPool {
     /// A thick pool's volume deleted and waiting for the wiper to rename it
     /// (see [`TAG_DELETED`]).
     pub(super) fn is_deleted(&self, lv: &LvInfo) -> bool {
-        self.wiper.is_some() && self.is_ours(lv) && lv.has_tag(TAG_DELETED)
+        matches!(self.provisioning, Provisioning::Thick(_))
+            && self.is_ours(lv)
+            && lv.has_tag(TAG_DELETED)
     }
 
     pub(super) fn is_ours(&self, lv: &LvInfo) -> bool {
@@ -141,20 +137,17 @@ impl LvmPool {
             return None;
         }
         let key = VolumeKey::parse(lv.name.strip_prefix("lv-")?)?;
-        let name = lvm::decode_tag_value(lv.tag_value(TAG_NAME)?)?;
+        let name = VolumeName::parse(&lvm::decode_tag_value(lv.tag_value(TAG_NAME)?)?).ok()?;
         let access_type = match lv.tag_value(TAG_ACCESS)? {
             "block" => AccessType::Block,
             _ => AccessType::Mount,
         };
         Some(Volume {
-            version: 1,
             id: VolumeId {
                 pool: self.name.clone(),
                 key,
-            }
-            .to_string(),
+            },
             name,
-            pool: self.name.to_string(),
             size_bytes: lv.size,
             access_type,
             created_unix: 0,
@@ -199,7 +192,7 @@ impl LvmPool {
     /// and DeleteSnapshot remove it (it never held data). Seen in the VM:
     /// killed ~0.2 s into a 0.5 s `lvcreate -s`, lvm left `-wi-------`.
     pub(super) fn is_half_made_snapshot(&self, lv: &LvInfo) -> bool {
-        self.thin.is_none()
+        matches!(self.provisioning, Provisioning::Thick(_))
             && self.is_ours(lv)
             && lv.tag_value(TAG_KIND) == Some("snapshot")
             && !lv.is_cow_snapshot()

@@ -16,21 +16,32 @@ fn pool(name: &str, thin: Option<&str>) -> LvmPool {
     LvmPool {
         name: PoolName::parse(name).unwrap(),
         vg: "fxvg".into(),
-        thin: thin.map(str::to_owned),
-        ratio: 1.0,
+        provisioning: provisioning(thin),
         reserve: 0,
-        options: vec!["--type".into(), "raid1".into()],
-        overhead: 1.0,
         default_fs: FsType::Ext4,
         default_size: 64 * MI,
-        full_percent: 90.0,
         copies: Arc::default(),
         alloc: tokio::sync::Mutex::new(()),
         health: HealthCache::default(),
-        wiper: None,
         storage: None,
-        index: LvIndex::new(thin),
+        index: LvIndex::new(thin.map(ThinPoolName::new).as_ref()),
         extent: std::sync::atomic::AtomicU64::new(4 * MI),
+    }
+}
+
+/// Thin on `thin`, or thick (with lvcreateOptions, and no wiper).
+fn provisioning(thin: Option<&str>) -> Provisioning {
+    match thin {
+        Some(t) => Provisioning::Thin(Thin {
+            pool: ThinPoolName::new(t),
+            ratio: 1.0,
+            full_percent: 90.0,
+        }),
+        None => Provisioning::Thick(Thick {
+            options: vec!["--type".into(), "raid1".into()],
+            overhead: 1.0,
+            wiper: None,
+        }),
     }
 }
 
@@ -74,6 +85,62 @@ fn its_stand_in_answers_as_it_does() {
     }
 }
 
+/// The config's strategy, each with its own settings; what is one kind's
+/// alone is offered only by that kind.
+#[test]
+fn thick_and_thin_are_two_strategies_from_the_config() {
+    let lvm_cfg = |extra: &str| {
+        let text = format!("type: lvm\nname: p\nvolumeGroup: fxvg\n{extra}");
+        match serde_norway::from_str::<crate::config::PoolConfig>(&text).unwrap() {
+            crate::config::PoolConfig::Lvm(c) => c,
+            other => panic!("{other:?}"),
+        }
+    };
+    let thin = Provisioning::of(&lvm_cfg(
+        "thinPool: tp\noverprovisionRatio: 2.5\nthinFullPercent: 80\n",
+    ));
+    let Provisioning::Thin(t) = &thin else {
+        panic!("a thinPool makes a thin pool");
+    };
+    assert_eq!(
+        (t.pool.as_str(), t.ratio, t.full_percent),
+        ("tp", 2.5, 80.0)
+    );
+    assert_eq!(thin.backend(), Backend::LvmThin);
+    assert!(thin.checks_room_first(0) && !thin.shapes_otherwise());
+    assert_eq!(thin.created_shape(), ("Vwi-a-tz--", "tp".to_owned()));
+    let thick = Provisioning::of(&lvm_cfg(
+        "capacityOverhead: 1.5\nlvcreateOptions: [\"--type\", \"raid1\"]\n",
+    ));
+    let Provisioning::Thick(k) = &thick else {
+        panic!("no thinPool makes a thick pool");
+    };
+    assert_eq!((k.options.len(), k.overhead), (2, 1.5));
+    assert!(k.wiper.is_none(), "started when the pool has opened");
+    assert_eq!(thick.backend(), Backend::Lvm);
+    assert!(thick.checks_room_first(0) && thick.shapes_otherwise());
+    assert!(thick.thin().is_none() && thick.thin_pool().is_none());
+    assert_eq!(thick.created_shape(), ("-wi-a-----", String::new()));
+    let plain = Provisioning::of(&lvm_cfg(""));
+    assert!(!plain.checks_room_first(0) && plain.checks_room_first(1));
+    // Block maps and thin usage are a thin pool's alone.
+    assert!(pool("thin", Some("tp")).block_maps().is_some());
+    assert!(pool("thick", None).block_maps().is_none());
+    let vg = lvm::VgInfo {
+        name: "fxvg".into(),
+        uuid: String::new(),
+        size: 100 * MI,
+        free: 40 * MI,
+        extent_size: 4 * MI,
+        free_extents: 10,
+        tags: Vec::new(),
+    };
+    let Provisioning::Thick(k) = Provisioning::of(&lvm_cfg("capacityOverhead: 2\n")) else {
+        unreachable!()
+    };
+    assert_eq!(k.limits(&vg, 8 * MI), (44 * MI, 16 * MI));
+}
+
 #[test]
 fn an_lv_is_a_volume_only_when_its_tags_say_so() {
     let p = pool("thin", Some("tp"));
@@ -85,8 +152,8 @@ fn an_lv_is_a_volume_only_when_its_tags_say_so() {
         "localvol.access=mount",
     ];
     let v = p.to_volume(&lv(&lv_name, &mine)).expect("our volume");
-    assert_eq!(v.id, format!("thin.{KEY}"));
-    assert_eq!((v.name.as_str(), v.pool.as_str()), ("pvc-1", "thin"));
+    assert_eq!(v.id.to_string(), format!("thin.{KEY}"));
+    assert_eq!((v.name.as_str(), v.pool().as_str()), ("pvc-1", "thin"));
     assert_eq!((v.size_bytes, v.access_type), (64 * MI, AccessType::Mount));
     assert!(!v.inactive && !v.grow_filesystem);
 
@@ -584,7 +651,7 @@ fn a_created_lv_is_what_lvs_would_report() {
         assert!(p.to_volume(&lv).is_none(), "{kind}: still tagged creating");
         lv.tags.retain(|t| t != TAG_CREATING);
         let vol = p.to_volume(&lv).unwrap();
-        assert_eq!(vol.id, req.id.to_string());
+        assert_eq!(vol.id, req.id);
         assert_eq!(vol.size_bytes, 64 * MI);
         assert!(!vol.inactive);
         super::super::matches_request(vol, &req, false).unwrap();
@@ -640,7 +707,7 @@ fn a_thin_index_adds_up_what_the_thin_pool_promised_until_a_change_it_does_not_m
     let all = lvm::parse_lvs(LVS_THIN).unwrap();
     let vol = "lv-0123456789abcdef0123456789abcdef";
     let new = "lv-ffffffffffffffffffffffffffffffff";
-    let idx = LvIndex::new(Some("tp"));
+    let idx = LvIndex::new(Some(&ThinPoolName::new("tp")));
     assert_eq!(idx.promised_without(new), None, "nothing read yet");
     idx.replace(idx.epoch(), &all);
     // The volume and the snapshot (thin LVs of tp), not the pool itself.

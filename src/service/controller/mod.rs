@@ -48,7 +48,7 @@ impl ControllerService {
             .map(|s| (STORAGE_ID_KEY.to_owned(), s.to_string()));
         csi::Volume {
             capacity_bytes: to_i64(v.volume.size_bytes),
-            volume_id: v.volume.id.clone(),
+            volume_id: v.volume.id.to_string(),
             volume_context: storage.into_iter().collect(),
             content_source: None,
             accessible_topology: vec![super::topology(&self.driver.node_id)],
