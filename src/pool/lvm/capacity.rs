@@ -1,6 +1,12 @@
 //! Capacity: what a volume may take from the VG or thin pool, in whole
 //! extents, and what GetCapacity offers.
 
+use std::future::Future;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use tokio::time::Instant;
+
 use super::provisioning::{Provisioning, Thin};
 use super::LvmPool;
 use crate::lvm;
@@ -69,6 +75,53 @@ pub(super) fn size_in_extents(range: CapacityRange, default: u64, extent: u64) -
 
 pub(super) fn round_down(v: u64, unit: u64) -> u64 {
     v.checked_div(unit).map_or(v, |n| n * unit)
+}
+
+/// How long GetCapacity's answer is kept: the external-provisioner asks once
+/// per StorageClass, one after another on one thread, every minute and at
+/// every new class, and each answer is a `vgs` (and for a thin pool an `lvs`)
+/// that takes a second or more on a busy node. On the e2e node (2026-11-29)
+/// Kubernetes' own capacity spec waited over its one minute for a new class's
+/// CSIStorageCapacity behind that queue. A create, delete or expansion in this
+/// pool forgets the answer at once; a change made beside it (another pool on
+/// the same VG, the wiper giving back a deleted LV's extents) shows within
+/// this long.
+pub(super) const OFFER_TTL: Duration = Duration::from_secs(2);
+
+/// The last answer of [`LvmPool::offered`] and when it was found; one lookup
+/// at a time (callers meanwhile wait for its answer).
+#[derive(Default)]
+pub(super) struct OfferCache {
+    /// Bumped by every change of the pool's volumes: an answer found while a
+    /// change ran is not kept.
+    changes: AtomicU64,
+    last: tokio::sync::Mutex<Option<(Instant, u64, u64)>>,
+}
+
+impl OfferCache {
+    /// The pool's volumes changed: the next answer is looked up.
+    pub fn changed(&self) {
+        self.changes.fetch_add(1, Ordering::AcqRel);
+    }
+
+    /// The kept answer while it is younger than `ttl` and no change came
+    /// since it was looked up; else `lookup`'s, kept.
+    pub async fn get<F, Fut>(&self, ttl: Duration, lookup: F) -> Result<u64>
+    where
+        F: FnOnce() -> Fut,
+        Fut: Future<Output = Result<u64>>,
+    {
+        let mut last = self.last.lock().await;
+        let changes = self.changes.load(Ordering::Acquire);
+        if let Some((at, seen, offered)) = *last {
+            if seen == changes && at.elapsed() < ttl {
+                return Ok(offered);
+            }
+        }
+        let offered = lookup().await?;
+        *last = Some((Instant::now(), changes, offered));
+        Ok(offered)
+    }
 }
 
 impl LvmPool {
@@ -156,6 +209,12 @@ impl LvmPool {
         }
     }
 
+    /// [`LvmPool::offered`], as GetCapacity asks it: kept for
+    /// [`OFFER_TTL`] unless this pool's volumes change.
+    pub(super) async fn offered_recently(&self) -> Result<u64> {
+        self.offer.get(OFFER_TTL, || self.offered()).await
+    }
+
     /// The size for a request, in whole extents, within the range.
     pub(super) async fn size_for(&self, range: CapacityRange) -> Result<u64> {
         size_in_extents(range, self.default_size, self.extent().await?)
@@ -179,5 +238,106 @@ impl LvmPool {
             });
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::AtomicU32;
+    use std::sync::Arc;
+
+    /// A lookup that counts its runs and answers `offered`.
+    fn lookup(runs: &Arc<AtomicU32>, offered: u64) -> impl Future<Output = Result<u64>> {
+        let runs = runs.clone();
+        async move {
+            runs.fetch_add(1, Ordering::SeqCst);
+            Ok(offered)
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn the_answer_is_kept_for_the_ttl_and_forgotten_at_a_change() {
+        let cache = OfferCache::default();
+        let runs = Arc::new(AtomicU32::new(0));
+        assert_eq!(
+            cache.get(OFFER_TTL, || lookup(&runs, 10)).await.unwrap(),
+            10
+        );
+        tokio::time::advance(OFFER_TTL - Duration::from_millis(1)).await;
+        assert_eq!(
+            cache.get(OFFER_TTL, || lookup(&runs, 20)).await.unwrap(),
+            10
+        );
+        assert_eq!(runs.load(Ordering::SeqCst), 1, "kept within the ttl");
+        tokio::time::advance(Duration::from_millis(1)).await;
+        assert_eq!(
+            cache.get(OFFER_TTL, || lookup(&runs, 20)).await.unwrap(),
+            20
+        );
+        cache.changed();
+        assert_eq!(
+            cache.get(OFFER_TTL, || lookup(&runs, 30)).await.unwrap(),
+            30
+        );
+        assert_eq!(
+            runs.load(Ordering::SeqCst),
+            3,
+            "looked up again after the ttl and the change"
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn an_answer_found_while_a_change_ran_is_not_kept_and_errors_are_not_kept() {
+        let cache = OfferCache::default();
+        let runs = Arc::new(AtomicU32::new(0));
+        let during = cache
+            .get(OFFER_TTL, || {
+                cache.changed(); // a create finishing while lvm answered
+                lookup(&runs, 10)
+            })
+            .await;
+        assert_eq!(during.unwrap(), 10);
+        assert_eq!(
+            cache.get(OFFER_TTL, || lookup(&runs, 20)).await.unwrap(),
+            20
+        );
+        cache.changed();
+        let failed = cache
+            .get(OFFER_TTL, || async {
+                Err(PoolError::VolumeNotFound("x".into()))
+            })
+            .await;
+        assert!(failed.is_err());
+        assert_eq!(
+            cache.get(OFFER_TTL, || lookup(&runs, 30)).await.unwrap(),
+            30
+        );
+        assert_eq!(runs.load(Ordering::SeqCst), 3);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn callers_at_once_share_one_lookup() {
+        let cache = Arc::new(OfferCache::default());
+        let runs = Arc::new(AtomicU32::new(0));
+        let slow = |runs: Arc<AtomicU32>| async move {
+            runs.fetch_add(1, Ordering::SeqCst);
+            tokio::time::sleep(Duration::from_millis(500)).await;
+            Ok(7)
+        };
+        let callers: Vec<_> = (0..5)
+            .map(|_| {
+                let (cache, runs) = (cache.clone(), runs.clone());
+                tokio::spawn(async move { cache.get(OFFER_TTL, || slow(runs)).await.unwrap() })
+            })
+            .collect();
+        for c in callers {
+            assert_eq!(c.await.unwrap(), 7);
+        }
+        assert_eq!(
+            runs.load(Ordering::SeqCst),
+            1,
+            "one lvm run for five callers"
+        );
     }
 }

@@ -97,6 +97,8 @@ pub struct LvmPool {
     /// The VG's extent size as lvm last reported it (set at start; a VG's
     /// extent size is fixed in practice, and every `vgs` refreshes it).
     extent: std::sync::atomic::AtomicU64,
+    /// GetCapacity's last answer (see `capacity.rs`).
+    offer: Arc<OfferCache>,
 }
 
 impl LvmPool {
@@ -122,6 +124,7 @@ impl LvmPool {
             storage: None,
             index,
             extent: std::sync::atomic::AtomicU64::new(0),
+            offer: Arc::default(),
         };
         match Self::check(pool.vg.clone(), pool.provisioning.thin_pool().cloned()).await {
             Checked::Known(Health::Ready) => {}
@@ -159,7 +162,7 @@ impl LvmPool {
         match &mut pool.provisioning {
             Provisioning::Thick(thick) => {
                 let rate = cfg_rate.map(|r| r.0);
-                thick.wiper = Some(Wiper::start(&pool.vg, &pool.name, rate));
+                thick.wiper = Some(Wiper::start(&pool.vg, &pool.name, rate, pool.offer.clone()));
             }
             Provisioning::Thin(thin) => {
                 blockmap::release_left_held(&pool.vg, thin, &pool.name).await
@@ -515,6 +518,127 @@ fn cut_short(lv: &LvInfo) -> bool {
     lv.has_tag(TAG_CREATING) || (lv.has_tag(TAG_UNFORMATTED) && !lv.is_active())
 }
 
+/// The bodies of [`Pool::create`], [`Pool::delete`] and [`Pool::expand`], which
+/// forget GetCapacity's kept answer after each.
+impl LvmPool {
+    async fn create_volume(&self, req: &CreateRequest) -> Result<Volume> {
+        if let Some(why) = req.inode_limit.and_then(|_| self.inode_limit_refused()) {
+            return Err(PoolError::UnsupportedParameter(why));
+        }
+        if let Some(src) = &req.source {
+            return self.create_from(req, src).await;
+        }
+        let name = lv_name(&req.id.key);
+        if self.index.get(&name).is_some() {
+            // Known: most likely a retry. What lvm says decides.
+            if let Some(lv) = self.lookup(&req.id.key).await? {
+                if let Some(vol) = self.existing(req, lv).await? {
+                    return Ok(vol);
+                }
+            }
+        }
+        let _alloc = self.alloc.lock().await;
+        let what = format!("volume {}", req.name.as_str());
+        let (size, checked) = match self.size_new(req, &name, &what).await? {
+            Sizing::Existing(vol) => return Ok(*vol),
+            Sizing::New { size, checked } => (size, checked),
+        };
+        if let Some(vol) = self.lvcreate_new(req, size, checked, &what).await? {
+            return Ok(vol);
+        }
+        self.created(req, size).await
+    }
+
+    async fn delete_volume(&self, id: &VolumeId) -> Result<()> {
+        if self.remove_if_ours(id).await? {
+            return Ok(());
+        }
+        // Thick pools must look for COW snapshots of the volume, so one
+        // `lvs VG` serves both the lookup and that check; thin snapshots do
+        // not depend on their origin, so thin pools look up the LV alone
+        // (and have no other LVs to check: `all` stays empty).
+        let name = lv_name(&id.key);
+        let (found, all) = match &self.provisioning {
+            Provisioning::Thick(_) => {
+                let all = self.all_lvs().await?;
+                (all.iter().find(|l| l.name == name).cloned(), all)
+            }
+            Provisioning::Thin(_) => (self.lookup(&id.key).await?, Vec::new()),
+        };
+        let found = found.filter(|lv| !self.is_deleted(lv));
+        let Some(lv) = found else {
+            // Deleted already. A thick delete whose tag or rename committed
+            // while its caller saw an error (a killed `lvchange` or
+            // `lvrename`) left an LV no wake announced: wake the wiper for it.
+            if let Provisioning::Thick(thick) = &self.provisioning {
+                let prefix = format!("wp-{}-", id.key);
+                if all
+                    .iter()
+                    .any(|l| l.name.starts_with(&prefix) || l.name == name)
+                {
+                    thick.wake_wiper();
+                }
+            }
+            return Ok(());
+        };
+        if !self.is_ours(&lv) {
+            return Err(PoolError::ForeignLv {
+                path: self.lv_path(&lv.name),
+                kind: "volume",
+            });
+        }
+        let lv = self.refuse_if_in_use(id, lv).await?;
+        self.refuse_if_snapshotted(id, &lv, &all).await?;
+        self.retire(&lv).await
+    }
+
+    async fn expand_volume(&self, id: &VolumeId, range: CapacityRange) -> Result<Expanded> {
+        let lv = self
+            .lookup(&id.key)
+            .await?
+            .ok_or_else(|| PoolError::VolumeNotFound(id.to_string()))?;
+        let size = self.size_for(range).await?;
+        if size < lv.size {
+            if range.admits(lv.size) {
+                return Ok(Expanded {
+                    size_bytes: lv.size,
+                    node_expansion_required: true,
+                });
+            }
+            return Err(PoolError::SizeRefused(format!(
+                "volume {id} is {} bytes; shrinking is not supported",
+                lv.size
+            )));
+        }
+        if size > lv.size {
+            // The LV is unchanged when the growth does not fit; a lower
+            // request that fits succeeds later (expansion-failure recovery).
+            match self.grow_lv(&lv, size, &format!("expanding {id}")).await {
+                Ok(()) => {}
+                // grow_lv compares the whole new size with what the LV may
+                // become (its size plus the room left).
+                Err(PoolError::NoSpace { free, pool, .. }) => {
+                    return Err(PoolError::NoRoomToGrow {
+                        id: id.to_string(),
+                        size: lv.size,
+                        bytes: size,
+                        growth: size - lv.size,
+                        pool,
+                        free: free.saturating_sub(lv.size),
+                        most: free,
+                    })
+                }
+                Err(e) => return Err(e),
+            }
+            self.index.forget(&lv.name);
+        }
+        Ok(Expanded {
+            size_bytes: size,
+            node_expansion_required: true,
+        })
+    }
+}
+
 #[async_trait]
 impl Pool for LvmPool {
     fn name(&self) -> &PoolName {
@@ -590,120 +714,21 @@ impl Pool for LvmPool {
     }
 
     async fn create(&self, req: &CreateRequest) -> Result<Volume> {
-        if let Some(why) = req.inode_limit.and_then(|_| self.inode_limit_refused()) {
-            return Err(PoolError::UnsupportedParameter(why));
-        }
-        if let Some(src) = &req.source {
-            return self.create_from(req, src).await;
-        }
-        let name = lv_name(&req.id.key);
-        if self.index.get(&name).is_some() {
-            // Known: most likely a retry. What lvm says decides.
-            if let Some(lv) = self.lookup(&req.id.key).await? {
-                if let Some(vol) = self.existing(req, lv).await? {
-                    return Ok(vol);
-                }
-            }
-        }
-        let _alloc = self.alloc.lock().await;
-        let what = format!("volume {}", req.name.as_str());
-        let (size, checked) = match self.size_new(req, &name, &what).await? {
-            Sizing::Existing(vol) => return Ok(*vol),
-            Sizing::New { size, checked } => (size, checked),
-        };
-        if let Some(vol) = self.lvcreate_new(req, size, checked, &what).await? {
-            return Ok(vol);
-        }
-        self.created(req, size).await
+        let created = self.create_volume(req).await;
+        self.offer.changed();
+        created
     }
 
     async fn delete(&self, id: &VolumeId) -> Result<()> {
-        if self.remove_if_ours(id).await? {
-            return Ok(());
-        }
-        // Thick pools must look for COW snapshots of the volume, so one
-        // `lvs VG` serves both the lookup and that check; thin snapshots do
-        // not depend on their origin, so thin pools look up the LV alone
-        // (and have no other LVs to check: `all` stays empty).
-        let name = lv_name(&id.key);
-        let (found, all) = match &self.provisioning {
-            Provisioning::Thick(_) => {
-                let all = self.all_lvs().await?;
-                (all.iter().find(|l| l.name == name).cloned(), all)
-            }
-            Provisioning::Thin(_) => (self.lookup(&id.key).await?, Vec::new()),
-        };
-        let found = found.filter(|lv| !self.is_deleted(lv));
-        let Some(lv) = found else {
-            // Deleted already. A thick delete whose tag or rename committed
-            // while its caller saw an error (a killed `lvchange` or
-            // `lvrename`) left an LV no wake announced: wake the wiper for it.
-            if let Provisioning::Thick(thick) = &self.provisioning {
-                let prefix = format!("wp-{}-", id.key);
-                if all
-                    .iter()
-                    .any(|l| l.name.starts_with(&prefix) || l.name == name)
-                {
-                    thick.wake_wiper();
-                }
-            }
-            return Ok(());
-        };
-        if !self.is_ours(&lv) {
-            return Err(PoolError::ForeignLv {
-                path: self.lv_path(&lv.name),
-                kind: "volume",
-            });
-        }
-        let lv = self.refuse_if_in_use(id, lv).await?;
-        self.refuse_if_snapshotted(id, &lv, &all).await?;
-        self.retire(&lv).await
+        let deleted = self.delete_volume(id).await;
+        self.offer.changed();
+        deleted
     }
 
     async fn expand(&self, id: &VolumeId, range: CapacityRange) -> Result<Expanded> {
-        let lv = self
-            .lookup(&id.key)
-            .await?
-            .ok_or_else(|| PoolError::VolumeNotFound(id.to_string()))?;
-        let size = self.size_for(range).await?;
-        if size < lv.size {
-            if range.admits(lv.size) {
-                return Ok(Expanded {
-                    size_bytes: lv.size,
-                    node_expansion_required: true,
-                });
-            }
-            return Err(PoolError::SizeRefused(format!(
-                "volume {id} is {} bytes; shrinking is not supported",
-                lv.size
-            )));
-        }
-        if size > lv.size {
-            // The LV is unchanged when the growth does not fit; a lower
-            // request that fits succeeds later (expansion-failure recovery).
-            match self.grow_lv(&lv, size, &format!("expanding {id}")).await {
-                Ok(()) => {}
-                // grow_lv compares the whole new size with what the LV may
-                // become (its size plus the room left).
-                Err(PoolError::NoSpace { free, pool, .. }) => {
-                    return Err(PoolError::NoRoomToGrow {
-                        id: id.to_string(),
-                        size: lv.size,
-                        bytes: size,
-                        growth: size - lv.size,
-                        pool,
-                        free: free.saturating_sub(lv.size),
-                        most: free,
-                    })
-                }
-                Err(e) => return Err(e),
-            }
-            self.index.forget(&lv.name);
-        }
-        Ok(Expanded {
-            size_bytes: size,
-            node_expansion_required: true,
-        })
+        let expanded = self.expand_volume(id, range).await;
+        self.offer.changed();
+        expanded
     }
 
     async fn get(&self, id: &VolumeId) -> Result<Option<Volume>> {
@@ -712,7 +737,6 @@ impl Pool for LvmPool {
             .await?
             .and_then(|lv| self.to_volume(&lv)))
     }
-
     async fn list(&self) -> Result<Vec<Volume>> {
         // Within ListVolumes, pools sharing this VG read it once.
         let epoch = self.index.epoch();
@@ -722,7 +746,7 @@ impl Pool for LvmPool {
     }
 
     async fn capacity(&self) -> Result<Capacity> {
-        let now = self.offered().await?;
+        let now = self.offered_recently().await?;
         Ok(Capacity {
             available_bytes: now,
             maximum_volume_size: now,

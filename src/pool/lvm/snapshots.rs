@@ -24,9 +24,8 @@ impl LvmPool {
     }
 }
 
-#[async_trait]
-impl Snapshots for LvmPool {
-    async fn create_snapshot(&self, req: &SnapshotRequest) -> Result<Snapshot> {
+impl LvmPool {
+    async fn take_snapshot(&self, req: &SnapshotRequest) -> Result<Snapshot> {
         let name = snap_lv_name(&req.id.key);
         let mut found = lvm::lv(&self.vg, &name).await?;
         if let Some(lv) = found.take_if(|lv| self.is_half_made_snapshot(lv)) {
@@ -90,7 +89,7 @@ impl Snapshots for LvmPool {
         })
     }
 
-    async fn delete_snapshot(&self, id: &VolumeId) -> Result<()> {
+    async fn remove_snapshot(&self, id: &VolumeId) -> Result<()> {
         let name = snap_lv_name(&id.key);
         let Some(lv) = lvm::lv(&self.vg, &name).await? else {
             return Ok(());
@@ -114,6 +113,23 @@ impl Snapshots for LvmPool {
             });
         }
         self.retire(&lv).await
+    }
+}
+
+#[async_trait]
+impl Snapshots for LvmPool {
+    /// A thick snapshot takes the VG's extents: GetCapacity's kept answer
+    /// is forgotten after it (and after a delete).
+    async fn create_snapshot(&self, req: &SnapshotRequest) -> Result<Snapshot> {
+        let taken = self.take_snapshot(req).await;
+        self.offer.changed();
+        taken
+    }
+
+    async fn delete_snapshot(&self, id: &VolumeId) -> Result<()> {
+        let removed = self.remove_snapshot(id).await;
+        self.offer.changed();
+        removed
     }
 
     async fn get_snapshot(&self, id: &VolumeId) -> Result<Option<Snapshot>> {

@@ -26,6 +26,7 @@ fn pool(name: &str, thin: Option<&str>) -> LvmPool {
         storage: None,
         index: LvIndex::new(thin.map(ThinPoolName::new).as_ref()),
         extent: std::sync::atomic::AtomicU64::new(4 * MI),
+        offer: Arc::default(),
     }
 }
 

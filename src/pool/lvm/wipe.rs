@@ -25,6 +25,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use tokio::sync::Notify;
 
+use super::capacity::OfferCache;
 use super::tags::{TAG_DELETED, TAG_OWNER, TAG_POOL};
 use crate::blockdev::ExclusiveDevice;
 use crate::ids::PoolName;
@@ -64,6 +65,8 @@ pub(super) fn is_wiping(lv: &LvInfo) -> bool {
 struct Shared {
     vg: String,
     pool: PoolName,
+    /// The pool's GetCapacity answer, forgotten when a wiped LV goes.
+    offer: Arc<OfferCache>,
     wake: Notify,
     /// Set when the pool goes: the zeroing loop stops between chunks.
     stop: AtomicBool,
@@ -88,10 +91,11 @@ impl Drop for Wiper {
 impl Wiper {
     /// Starts the task; its first pass resumes whatever a previous driver
     /// left.
-    pub fn start(vg: &str, pool: &PoolName, rate: Option<u64>) -> Self {
+    pub fn start(vg: &str, pool: &PoolName, rate: Option<u64>, offer: Arc<OfferCache>) -> Self {
         let shared = Arc::new(Shared {
             vg: vg.to_owned(),
             pool: pool.clone(),
+            offer,
             wake: Notify::new(),
             stop: AtomicBool::new(false),
             wiped_bytes: AtomicU64::new(0),
@@ -222,6 +226,8 @@ impl Shared {
             return Ok(false);
         }
         lvm::remove(&path).await?;
+        // Its extents are the VG's again: GetCapacity looks again.
+        self.offer.changed();
         Ok(true)
     }
 
