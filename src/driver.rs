@@ -158,6 +158,32 @@ impl Driver {
         Driver::open(&who, &Config::embedded(dir)).await.unwrap()
     }
 
+    /// For tests: a 1 MiB mount volume `name` in the embedded default's
+    /// pool (`default`), made through the pool as CreateVolume would; its id.
+    #[cfg(test)]
+    pub async fn create_embedded(&self, name: &str) -> String {
+        use crate::ids::{PoolName, VolumeId, VolumeName};
+        use crate::pool::{AccessType, CapacityRange, CreateRequest};
+        let pool = PoolName::parse("default").unwrap();
+        let name = VolumeName::parse(name).unwrap();
+        let req = CreateRequest {
+            source: None,
+            id: VolumeId::new(pool.clone(), &name),
+            name,
+            range: CapacityRange {
+                required: 1 << 20,
+                limit: 0,
+            },
+            access_type: AccessType::Mount,
+            inode_limit: None,
+            parameters: Default::default(),
+            encryption: None,
+            io_limits: Default::default(),
+        };
+        let pool = self.pools.get(&pool).unwrap();
+        pool.create(&req).await.unwrap().id.to_string()
+    }
+
     /// Opens the pools (and the static volumes) of `config`.
     pub async fn open(who: &Identity, config: &Config) -> Result<Arc<Driver>> {
         check_identity(who)?;

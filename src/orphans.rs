@@ -287,8 +287,7 @@ impl Orphans {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::ids::{PoolName, VolumeName};
-    use crate::pool::{AccessType, CapacityRange, CreateRequest};
+    use crate::ids::PoolName;
     use serde_json::json;
 
     async fn driver(dir: &std::path::Path) -> Arc<Driver> {
@@ -296,30 +295,7 @@ mod tests {
     }
 
     async fn create(d: &Driver, name: &str) -> String {
-        let pool = PoolName::parse("default").unwrap();
-        let name = VolumeName::parse(name).unwrap();
-        let req = CreateRequest {
-            source: None,
-            id: VolumeId::new(pool.clone(), &name),
-            name,
-            range: CapacityRange {
-                required: 1 << 20,
-                limit: 0,
-            },
-            access_type: AccessType::Mount,
-            inode_limit: None,
-            parameters: Default::default(),
-            encryption: None,
-            io_limits: Default::default(),
-        };
-        d.pools
-            .get(&pool)
-            .unwrap()
-            .create(&req)
-            .await
-            .unwrap()
-            .id
-            .to_string()
+        d.create_embedded(name).await
     }
 
     fn store(handles: &[(&str, &str)]) -> Store<PersistentVolume> {

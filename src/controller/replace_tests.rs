@@ -15,10 +15,9 @@ use serde_json::{json, Value};
 
 use super::NodeLoss;
 use crate::driver::Driver;
-use crate::ids::{PoolName, VolumeId, VolumeName, STORAGE_ID_KEY, TOPOLOGY_KEY};
+use crate::ids::{PoolName, STORAGE_ID_KEY, TOPOLOGY_KEY};
 use crate::k8s::fake::{Fake, Role};
 use crate::orphans::{OrphanMode, Orphans, OrphansConfig};
-use crate::pool::{AccessType, CapacityRange, CreateRequest};
 
 const DRIVER: &str = "localvol.csi.dev";
 const NS: &str = "kube-system";
@@ -38,29 +37,7 @@ fn pool() -> PoolName {
 }
 
 async fn create(d: &Driver, name: &str) -> String {
-    let name = VolumeName::parse(name).unwrap();
-    let req = CreateRequest {
-        source: None,
-        id: VolumeId::new(pool(), &name),
-        name,
-        range: CapacityRange {
-            required: 1 << 20,
-            limit: 0,
-        },
-        access_type: AccessType::Mount,
-        inode_limit: None,
-        parameters: Default::default(),
-        encryption: None,
-        io_limits: Default::default(),
-    };
-    d.pools
-        .get(&pool())
-        .unwrap()
-        .create(&req)
-        .await
-        .unwrap()
-        .id
-        .to_string()
+    d.create_embedded(name).await
 }
 
 fn storage_of(d: &Driver) -> String {
