@@ -104,6 +104,14 @@ impl OfferCache {
         self.changes.fetch_add(1, Ordering::AcqRel);
     }
 
+    /// Runs `change` to its end (whatever it returns), then forgets the
+    /// answer: every create, delete, expansion and snapshot of the pool.
+    pub async fn after<T>(&self, change: impl Future<Output = T>) -> T {
+        let done = change.await;
+        self.changed();
+        done
+    }
+
     /// The kept answer while it is younger than `ttl` and no change came
     /// since it was looked up; else `lookup`'s, kept.
     pub async fn get<F, Fut>(&self, ttl: Duration, lookup: F) -> Result<u64>

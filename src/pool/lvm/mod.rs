@@ -714,21 +714,15 @@ impl Pool for LvmPool {
     }
 
     async fn create(&self, req: &CreateRequest) -> Result<Volume> {
-        let created = self.create_volume(req).await;
-        self.offer.changed();
-        created
+        self.offer.after(self.create_volume(req)).await
     }
 
     async fn delete(&self, id: &VolumeId) -> Result<()> {
-        let deleted = self.delete_volume(id).await;
-        self.offer.changed();
-        deleted
+        self.offer.after(self.delete_volume(id)).await
     }
 
     async fn expand(&self, id: &VolumeId, range: CapacityRange) -> Result<Expanded> {
-        let expanded = self.expand_volume(id, range).await;
-        self.offer.changed();
-        expanded
+        self.offer.after(self.expand_volume(id, range)).await
     }
 
     async fn get(&self, id: &VolumeId) -> Result<Option<Volume>> {

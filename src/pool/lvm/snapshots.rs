@@ -121,15 +121,11 @@ impl Snapshots for LvmPool {
     /// A thick snapshot takes the VG's extents: GetCapacity's kept answer
     /// is forgotten after it (and after a delete).
     async fn create_snapshot(&self, req: &SnapshotRequest) -> Result<Snapshot> {
-        let taken = self.take_snapshot(req).await;
-        self.offer.changed();
-        taken
+        self.offer.after(self.take_snapshot(req)).await
     }
 
     async fn delete_snapshot(&self, id: &VolumeId) -> Result<()> {
-        let removed = self.remove_snapshot(id).await;
-        self.offer.changed();
-        removed
+        self.offer.after(self.remove_snapshot(id)).await
     }
 
     async fn get_snapshot(&self, id: &VolumeId) -> Result<Option<Snapshot>> {
